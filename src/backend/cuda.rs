@@ -1,0 +1,141 @@
+//! CUDA registration through the driver API: cuMemHostRegister with PORTABLE|DEVICEMAP on the
+//! device's primary context (PyTorch's), unregister with the exact base.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use cudarc::driver::sys::{CUcontext, CUdevice, CUdevice_attribute};
+use serde::Serialize;
+
+use super::{Backend, BackendKind};
+use crate::error::{Result, VikingError};
+use crate::memmap::MemoryKind;
+use crate::sys::cuda;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceInfo {
+    pub ordinal: i32,
+    pub name: String,
+    pub driver_version: i32,
+    pub host_register_supported: bool,
+    pub read_only_host_register_supported: bool,
+    pub can_use_host_pointer_for_registered_mem: bool,
+    pub unified_addressing: bool,
+}
+
+pub struct CudaBackend {
+    device: CUdevice,
+    context: CUcontext,
+    info: DeviceInfo,
+}
+
+// SAFETY: a CUcontext handle may be used from any thread (the driver is thread safe); this
+// type only makes it current around single calls.
+unsafe impl Send for CudaBackend {}
+unsafe impl Sync for CudaBackend {}
+
+fn unavailable(reason: impl Into<String>) -> VikingError {
+    VikingError::BackendUnavailable { backend: "cuda", reason: reason.into() }
+}
+
+/// How many CUDA devices this machine has: 0 when there is no driver or no GPU.
+pub fn device_count() -> i32 {
+    if !cuda::driver_library_present() {
+        return 0;
+    }
+    catch_unwind(|| cuda::init().and_then(|_| cuda::device_count()).unwrap_or(0)).unwrap_or(0)
+}
+
+impl CudaBackend {
+    /// Opens the primary context of device `ordinal`. Never panics: cudarc panics when libcuda
+    /// or one of its symbols is missing, so the library is probed first and unwinds are caught.
+    pub fn open(ordinal: i32) -> Result<CudaBackend> {
+        if !cuda::driver_library_present() {
+            return Err(unavailable("no CUDA driver library (libcuda.so / nvcuda.dll) on this machine"));
+        }
+        catch_unwind(AssertUnwindSafe(|| Self::open_inner(ordinal)))
+            .unwrap_or_else(|_| Err(unavailable("the CUDA driver library lacks a needed function (driver too old?)")))
+    }
+
+    fn open_inner(ordinal: i32) -> Result<CudaBackend> {
+        cuda::init().map_err(|e| unavailable(format!("cuInit: {e} (no GPU, or the driver is not loaded)")))?;
+        let count = cuda::device_count()?;
+        if ordinal < 0 || ordinal >= count {
+            return Err(VikingError::invalid(format!(
+                "CUDA device {ordinal} does not exist: this machine has {count} device(s); use 0..{}",
+                count.max(1) - 1
+            )));
+        }
+        let device = cuda::device(ordinal)?;
+        let attribute = |a| cuda::device_attribute(device, a).map(|v| v != 0);
+        use CUdevice_attribute::*;
+        let info = DeviceInfo {
+            ordinal,
+            name: cuda::device_name(device)?,
+            driver_version: cuda::driver_version()?,
+            host_register_supported: attribute(CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED)?,
+            read_only_host_register_supported: attribute(CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED)?,
+            can_use_host_pointer_for_registered_mem: attribute(CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM)?,
+            unified_addressing: attribute(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)?,
+        };
+        if !info.host_register_supported {
+            return Err(unavailable(format!("{} does not support cuMemHostRegister", info.name)));
+        }
+        let context = cuda::primary_context_retain(device)?;
+        Ok(CudaBackend { device, context, info })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Runs `call` with our primary context current, then puts back whatever was current, so
+    /// the calling thread's CUDA state (PyTorch's) is as it was.
+    fn with_context<T>(&self, call: impl FnOnce() -> Result<T>) -> Result<T> {
+        let previous = cuda::current_context()?;
+        if previous != self.context {
+            cuda::set_current_context(self.context)?;
+        }
+        let result = call();
+        if previous != self.context {
+            cuda::set_current_context(previous)?;
+        }
+        result
+    }
+
+    /// (free, total) device memory.
+    pub fn memory_info(&self) -> Result<(u64, u64)> {
+        self.with_context(cuda::memory_info).map(|(free, total)| (free as u64, total as u64))
+    }
+
+    /// The device address of registered host memory (equals `addr` under UVA).
+    pub fn device_pointer(&self, addr: u64) -> Result<u64> {
+        self.with_context(|| cuda::host_device_pointer(addr as usize))
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let _ = cuda::primary_context_release(self.device);
+    }
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    /// Never read-only memory: registering a private read-only file mapping hung for more than
+    /// 90 s on an H200 (FACTS section 1).
+    fn accepts(&self, kind: MemoryKind) -> bool {
+        matches!(kind, MemoryKind::Anonymous | MemoryKind::PrivateFile | MemoryKind::SharedWritable)
+    }
+
+    unsafe fn pin(&self, addr: u64, len: u64) -> Result<()> {
+        let flags = cuda::REGISTER_PORTABLE | cuda::REGISTER_DEVICEMAP;
+        self.with_context(|| cuda::host_register(addr as usize, len as usize, flags))
+    }
+
+    unsafe fn unpin(&self, addr: u64, _len: u64) -> Result<()> {
+        self.with_context(|| cuda::host_unregister(addr as usize))
+    }
+}

@@ -1,0 +1,110 @@
+//! The safe layer: backends that pin and unpin host memory, behind one trait, and the RAII
+//! `Registration` that unpins on drop.
+
+pub mod cuda;
+pub mod oslock;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::memmap::MemoryKind;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    Cuda,
+    OsLock,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cuda => "cuda",
+            BackendKind::OsLock => "os-lock",
+        }
+    }
+}
+
+/// What a caller asks for. `Auto`: CUDA when it is available, else the OS lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendChoice {
+    Auto,
+    Cuda,
+    OsLock,
+}
+
+impl BackendChoice {
+    pub fn parse(text: &str) -> Result<BackendChoice> {
+        match text.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+            "auto" | "" => Ok(BackendChoice::Auto),
+            "cuda" => Ok(BackendChoice::Cuda),
+            "os-lock" | "oslock" | "mlock" => Ok(BackendChoice::OsLock),
+            other => Err(crate::error::VikingError::invalid(format!(
+                "backend '{other}' is not known; use 'auto', 'cuda' or 'os-lock'"
+            ))),
+        }
+    }
+}
+
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    /// Whether this backend may take memory of this kind.
+    fn accepts(&self, kind: MemoryKind) -> bool;
+    /// # Safety
+    /// `[addr, addr+len)` must be mapped and stay mapped until `unpin` of the same range.
+    unsafe fn pin(&self, addr: u64, len: u64) -> Result<()>;
+    /// # Safety
+    /// `[addr, addr+len)` must be exactly a range this backend pinned and has not unpinned.
+    unsafe fn unpin(&self, addr: u64, len: u64) -> Result<()>;
+}
+
+/// Failures to unpin, which can only be logged (they happen in `Drop`).
+static RELEASE_FAILURES: AtomicU64 = AtomicU64::new(0);
+static LAST_RELEASE_ERROR: Mutex<Option<String>> = Mutex::new(None);
+
+pub fn release_failures() -> (u64, Option<String>) {
+    let last = LAST_RELEASE_ERROR.lock().map(|g| g.clone()).unwrap_or(None);
+    (RELEASE_FAILURES.load(Ordering::Relaxed), last)
+}
+
+/// A live pin. Dropping it unpins the exact range it pinned.
+pub struct Registration {
+    backend: Arc<dyn Backend>,
+    addr: u64,
+    len: u64,
+}
+
+impl Registration {
+    /// # Safety
+    /// The memory must stay mapped for as long as the returned value lives; the ledger makes
+    /// sure by holding a reference to its owner next to it.
+    pub unsafe fn new(backend: Arc<dyn Backend>, addr: u64, len: u64) -> Result<Registration> {
+        backend.pin(addr, len)?;
+        Ok(Registration { backend, addr, len })
+    }
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    pub fn backend(&self) -> BackendKind {
+        self.backend.kind()
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // SAFETY: this value pinned exactly this range and is the only one to unpin it.
+        if let Err(error) = unsafe { self.backend.unpin(self.addr, self.len) } {
+            RELEASE_FAILURES.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut last) = LAST_RELEASE_ERROR.lock() {
+                *last = Some(error.to_string());
+            }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The OS page lock: mlock/munlock on Unix. It needs no GPU, takes any mapped memory (read-only
+//! file mappings too) and keeps pages out of swap. (VirtualLock on Windows is a later issue.)
+//!
+//! mlock works on whole pages and is not reference counted: two regions that share a page
+//! (one tensor ends where the next begins) would unlock each other's page on release. So this
+//! backend remembers its live regions and leaves a shared boundary page locked until the last
+//! region on it goes.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use super::{Backend, BackendKind};
+use crate::error::{Result, VikingError};
+use crate::memmap::MemoryKind;
+use crate::sys::os;
+
+pub struct OsLock {
+    page: u64,
+    live: Mutex<BTreeMap<u64, u64>>, // addr -> len
+}
+
+impl OsLock {
+    pub fn new() -> Result<OsLock> {
+        if cfg!(unix) {
+            Ok(OsLock { page: os::page_size(), live: Mutex::new(BTreeMap::new()) })
+        } else {
+            Err(VikingError::BackendUnavailable { backend: "os-lock", reason: "only Unix mlock is implemented yet".into() })
+        }
+    }
+
+    /// The page span of `[addr, addr+len)` less its first/last page where a neighbour uses it.
+    fn pages_to_unlock(&self, live: &BTreeMap<u64, u64>, addr: u64, len: u64) -> Option<(u64, u64)> {
+        let mut start = addr / self.page * self.page;
+        let mut end = (addr + len).div_ceil(self.page) * self.page;
+        if let Some((&prev, &prev_len)) = live.range(..addr).next_back() {
+            if prev + prev_len > start {
+                start += self.page;
+            }
+        }
+        if let Some((&next, _)) = live.range(addr + len..).next() {
+            if next < end {
+                end -= self.page;
+            }
+        }
+        (start < end).then_some((start, end - start))
+    }
+}
+
+impl Backend for OsLock {
+    fn kind(&self) -> BackendKind {
+        BackendKind::OsLock
+    }
+
+    fn accepts(&self, kind: MemoryKind) -> bool {
+        kind.is_host_memory()
+    }
+
+    unsafe fn pin(&self, addr: u64, len: u64) -> Result<()> {
+        #[cfg(unix)]
+        {
+            let mut live = self.live.lock().map_err(|_| VikingError::Internal("os-lock table poisoned".into()))?;
+            os::lock(addr, len)?;
+            live.insert(addr, len);
+            Ok(())
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = (addr, len);
+            Err(VikingError::BackendUnavailable { backend: "os-lock", reason: "not Unix".into() })
+        }
+    }
+
+    unsafe fn unpin(&self, addr: u64, len: u64) -> Result<()> {
+        #[cfg(unix)]
+        {
+            let mut live = self.live.lock().map_err(|_| VikingError::Internal("os-lock table poisoned".into()))?;
+            live.remove(&addr);
+            match self.pages_to_unlock(&live, addr, len) {
+                Some((start, span)) => os::unlock(start, span),
+                None => Ok(()),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = (addr, len);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Every live registration, by base address. An entry owns its registration *and* a reference
+//! to the memory's owner (the tensor storage): dropping the entry unpins first, then lets the
+//! memory go, so memory can never be freed while pinned (FACTS section 4).
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::backend::{BackendKind, Registration};
+use crate::error::{Result, VikingError};
+use crate::memmap::MemoryKind;
+
+/// Something that keeps pinned memory alive (a Python storage object; a `Vec<u8>` in tests).
+pub type Keepalive = Arc<dyn Any + Send + Sync>;
+
+pub struct Entry {
+    // Field order is drop order: the registration goes before the memory it pins.
+    pub registration: Registration,
+    pub keepalive: Vec<Keepalive>,
+    pub owner: u64,
+    pub priority: i32,
+    pub kind: MemoryKind,
+}
+
+impl Entry {
+    pub fn addr(&self) -> u64 {
+        self.registration.addr()
+    }
+    pub fn len(&self) -> u64 {
+        self.registration.len()
+    }
+    pub fn end(&self) -> u64 {
+        self.addr() + self.len()
+    }
+}
+
+#[derive(Default)]
+pub struct Ledger {
+    entries: BTreeMap<u64, Entry>,
+}
+
+impl Ledger {
+    /// Adds an entry. An overlap with a live one would mean a byte held twice: refused (and the
+    /// refused entry is dropped, which unpins it).
+    pub fn insert(&mut self, entry: Entry) -> Result<()> {
+        let (addr, end) = (entry.addr(), entry.end());
+        let before = self.entries.range(..end).next_back().map(|(_, e)| e.end() > addr).unwrap_or(false);
+        if before {
+            return Err(VikingError::Internal(format!("registration {addr:#x}+{} overlaps a live one", entry.len())));
+        }
+        self.entries.insert(addr, entry);
+        Ok(())
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.values()
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.entries.values().map(Entry::len).sum()
+    }
+
+    pub fn owner_bytes(&self, owner: u64) -> u64 {
+        self.entries.values().filter(|e| e.owner == owner).map(Entry::len).sum()
+    }
+
+    /// Bytes per (owner, backend).
+    pub fn totals(&self) -> HashMap<(u64, BackendKind), (u64, usize)> {
+        let mut totals = HashMap::new();
+        for entry in self.entries.values() {
+            let slot = totals.entry((entry.owner, entry.registration.backend())).or_insert((0, 0));
+            slot.0 += entry.len();
+            slot.1 += 1;
+        }
+        totals
+    }
+
+    /// Removes the entries `select` picks and returns them; the caller drops them (unpins).
+    pub fn take_where(&mut self, mut select: impl FnMut(&Entry) -> bool) -> Vec<Entry> {
+        let keys: Vec<u64> = self.entries.iter().filter(|(_, e)| select(e)).map(|(&k, _)| k).collect();
+        keys.into_iter().filter_map(|k| self.entries.remove(&k)).collect()
+    }
+
+    pub fn take_owner(&mut self, owner: u64) -> Vec<Entry> {
+        self.take_where(|e| e.owner == owner)
+    }
+
+    pub fn take_all(&mut self) -> Vec<Entry> {
+        std::mem::take(&mut self.entries).into_values().collect()
+    }
+
+    /// Takes entries, lowest priority first (then the most recent address), until at least
+    /// `bytes` are taken or only entries of `keep_from_priority` and above are left.
+    pub fn take_lowest(&mut self, bytes: u64, keep_from_priority: i32) -> Vec<Entry> {
+        let mut candidates: Vec<(i32, u64, u64)> = self
+            .entries
+            .values()
+            .filter(|e| e.priority < keep_from_priority)
+            .map(|e| (e.priority, std::u64::MAX - e.addr(), e.len()))
+            .collect();
+        candidates.sort();
+        let mut taken = Vec::new();
+        let mut freed = 0;
+        for (_, inverted_addr, len) in candidates {
+            if freed >= bytes {
+                break;
+            }
+            if let Some(entry) = self.entries.remove(&(std::u64::MAX - inverted_addr)) {
+                freed += len;
+                taken.push(entry);
+            }
+        }
+        taken
+    }
+}

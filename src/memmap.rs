@@ -1,0 +1,188 @@
+//! What kind of memory a byte range is, from the text of Linux's /proc/self/maps.
+//! Pure: the reading of the file lives in `sys::os`.
+//!
+//! Why it matters: registering a *private read-only file mapping* with cuMemHostRegister hung
+//! for more than 90 s on an H200 (FACTS section 1). Such memory must never reach CUDA.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryKind {
+    /// Private anonymous memory: heap, malloc'd or mmap'd tensors. What weights normally are.
+    Anonymous,
+    /// A private writable file mapping (copy-on-write): registering copies the pages in.
+    PrivateFile,
+    /// A shared writable mapping (/dev/shm, torch shared memory, MAP_SHARED files).
+    SharedWritable,
+    /// Anything not writable: read-only file mappings (safetensors mmap) and the like.
+    ReadOnly,
+    /// Kernel and device mappings ([vvar], [vdso], /dev/nvidia*): never pin.
+    Special,
+    /// Not mapped at all (a bad pointer, or freed memory).
+    Unmapped,
+}
+
+impl MemoryKind {
+    /// Rank for a range that spans several mappings: the worst one decides.
+    fn badness(self) -> u8 {
+        match self {
+            MemoryKind::Anonymous => 0,
+            MemoryKind::PrivateFile => 1,
+            MemoryKind::SharedWritable => 2,
+            MemoryKind::ReadOnly => 3,
+            MemoryKind::Special => 4,
+            MemoryKind::Unmapped => 5,
+        }
+    }
+    /// Host memory that a lock can hold at all.
+    pub fn is_host_memory(self) -> bool {
+        !matches!(self, MemoryKind::Special | MemoryKind::Unmapped)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub readable: bool,
+    pub writable: bool,
+    pub shared: bool,
+    pub inode: u64,
+    pub path: Option<String>,
+}
+
+impl Mapping {
+    pub fn kind(&self) -> MemoryKind {
+        let path = self.path.as_deref().unwrap_or("");
+        let special = path.starts_with("/dev/") && !path.starts_with("/dev/shm")
+            || matches!(path, "[vvar]" | "[vdso]" | "[vsyscall]" | "[vvar_vclock]");
+        if special {
+            MemoryKind::Special
+        } else if !self.writable || !self.readable {
+            MemoryKind::ReadOnly
+        } else if self.shared {
+            MemoryKind::SharedWritable
+        } else if self.inode != 0 {
+            MemoryKind::PrivateFile
+        } else {
+            MemoryKind::Anonymous
+        }
+    }
+}
+
+/// Parses one line: `start-end perms offset dev inode [path]`. `None` for a malformed line.
+pub fn parse_line(line: &str) -> Option<Mapping> {
+    let mut fields = line.splitn(6, ' ');
+    let (start, end) = fields.next()?.split_once('-')?;
+    let perms = fields.next()?.as_bytes();
+    let _offset = fields.next()?;
+    let _device = fields.next()?;
+    let inode = fields.next()?.parse().ok()?;
+    let path = fields.next().map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned);
+    if perms.len() < 4 {
+        return None;
+    }
+    let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+    if end <= start {
+        return None;
+    }
+    Some(Mapping { start, end, readable: perms[0] == b'r', writable: perms[1] == b'w', shared: perms[3] == b's', inode, path })
+}
+
+/// All mappings of a maps text, sorted by start. Malformed lines are skipped.
+pub fn parse(text: &str) -> Vec<Mapping> {
+    let mut mappings: Vec<Mapping> = text.lines().filter_map(parse_line).collect();
+    mappings.sort_by_key(|m| m.start);
+    mappings
+}
+
+/// The kind of `[addr, addr+len)`: the worst kind among the mappings it touches, `Unmapped` if
+/// any byte lies in no mapping. `mappings` must be sorted by start (as `parse` returns them).
+pub fn classify(mappings: &[Mapping], addr: u64, len: u64) -> MemoryKind {
+    let Some(end) = addr.checked_add(len) else { return MemoryKind::Unmapped };
+    if len == 0 {
+        return MemoryKind::Unmapped;
+    }
+    // First mapping that ends after addr.
+    let mut index = mappings.partition_point(|m| m.end <= addr);
+    let mut cursor = addr;
+    let mut worst = MemoryKind::Anonymous;
+    while cursor < end {
+        let Some(mapping) = mappings.get(index) else { return MemoryKind::Unmapped };
+        if mapping.start > cursor {
+            return MemoryKind::Unmapped; // a hole
+        }
+        let kind = mapping.kind();
+        if kind.badness() > worst.badness() {
+            worst = kind;
+        }
+        cursor = mapping.end;
+        index += 1;
+    }
+    worst
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MAPS: &str = "\
+55d0c0a00000-55d0c0a21000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0000100000 rw-p 00000000 00:00 0 
+7f0000100000-7f0000200000 r--p 00000000 fd:01 1234                       /models/flux.safetensors
+7f0000200000-7f0000300000 rw-p 00000000 fd:01 1234                       /models/flux.safetensors
+7f0000300000-7f0000400000 rw-s 00000000 00:05 77                         /dev/shm/torch_1_2
+7f0000400000-7f0000500000 r--s 00000000 fd:01 99                         /data/shared.bin
+7f0000600000-7f0000700000 rw-s 00000000 00:05 12                         /dev/nvidia0
+7ffd5a1f0000-7ffd5a1f4000 r--p 00000000 00:00 0                          [vvar]
+7ffd5a1f4000-7ffd5a1f6000 r-xp 00000000 00:00 0                          [vdso]
+";
+
+    #[test]
+    fn parses_every_line_kind() {
+        let maps = parse(MAPS);
+        assert_eq!(maps.len(), 9);
+        let kinds: Vec<_> = maps.iter().map(Mapping::kind).collect();
+        use MemoryKind::*;
+        assert_eq!(kinds, [Anonymous, Anonymous, ReadOnly, PrivateFile, SharedWritable, ReadOnly, Special, Special, Special]);
+        assert_eq!(maps[2].path.as_deref(), Some("/models/flux.safetensors"));
+        assert_eq!(maps[1].path, None);
+    }
+
+    #[test]
+    fn classify_takes_the_worst_and_sees_holes() {
+        let maps = parse(MAPS);
+        assert_eq!(classify(&maps, 0x7f0000000000, 0x1000), MemoryKind::Anonymous);
+        assert_eq!(classify(&maps, 0x7f00000ff000, 0x2000), MemoryKind::ReadOnly); // anon + read-only file
+        assert_eq!(classify(&maps, 0x7f0000200000, 0x100000), MemoryKind::PrivateFile);
+        assert_eq!(classify(&maps, 0x7f0000480000, 0x100000), MemoryKind::Unmapped); // runs into a hole
+        assert_eq!(classify(&maps, 0x1000, 0x10), MemoryKind::Unmapped);
+        assert_eq!(classify(&maps, u64::MAX - 1, 16), MemoryKind::Unmapped); // wraps
+        assert_eq!(classify(&maps, 0x7f0000000000, 0), MemoryKind::Unmapped);
+    }
+
+    #[test]
+    fn malformed_lines_are_skipped() {
+        for line in ["", "garbage", "zz-10 rw-p 0 0 0", "10-5 rw-p 0 00:00 0", "10-20 rw 0 00:00 0", "10-20 rw-p 0 00:00 x"] {
+            assert_eq!(parse_line(line), None, "{line:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn parser_never_panics(text in "\\PC{0,200}") {
+            let maps = parse(&text);
+            for m in &maps { prop_assert!(m.start < m.end); }
+            let _ = classify(&maps, 0x1000, 0x1000);
+        }
+
+        #[test]
+        fn classify_inside_one_mapping_is_that_mapping(offset in 0u64..0x100000, len in 1u64..0x1000) {
+            let maps = parse(MAPS);
+            let start = 0x7f0000200000 + offset.min(0x100000 - len);
+            prop_assert_eq!(classify(&maps, start, len), MemoryKind::PrivateFile);
+        }
+    }
+}

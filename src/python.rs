@@ -1,0 +1,160 @@
+//! The Python module `viking_native`: thin functions over the engine. Plain integers and
+//! strings in, JSON strings out; no torch here and no planning in Python.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, OnceLock};
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::backend::cuda;
+use crate::backend::BackendChoice;
+use crate::budget::{Policy, GIB};
+use crate::engine::{Engine, Request};
+use crate::error::VikingError;
+use crate::ledger::Keepalive;
+
+create_exception!(viking_native, VikingNativeError, PyRuntimeError, "A pin or release failed.");
+create_exception!(viking_native, BackendUnavailableError, VikingNativeError, "The requested backend cannot run here.");
+
+/// The one mapping from Rust errors to Python exceptions.
+impl From<VikingError> for PyErr {
+    fn from(error: VikingError) -> PyErr {
+        let message = error.to_string();
+        match error {
+            VikingError::InvalidInput(_) => PyValueError::new_err(message),
+            VikingError::BackendUnavailable { .. } => BackendUnavailableError::new_err(message),
+            VikingError::Cuda { .. } | VikingError::Os { .. } | VikingError::Internal(_) => VikingNativeError::new_err(message),
+        }
+    }
+}
+
+fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(Engine::new)
+}
+
+/// Runs `work` without the GIL and turns a panic into a Python exception: no Rust panic may
+/// cross into Python (ComfyUI's loader does not catch PanicException).
+fn guarded<T: Send>(py: Python<'_>, work: impl FnOnce() -> Result<T, VikingError> + Send) -> PyResult<T> {
+    let outcome = py.detach(|| catch_unwind(AssertUnwindSafe(work)));
+    match outcome {
+        Ok(result) => result.map_err(PyErr::from),
+        Err(panic) => {
+            let text = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+            Err(VikingError::Internal(format!("panic: {text}")).into())
+        }
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String, VikingError> {
+    serde_json::to_string(value).map_err(|e| VikingError::Internal(format!("json: {e}")))
+}
+
+/// An integer argument that must fit in 0..=u64::MAX, with a message naming it.
+fn address_like(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    let number: i128 = value.extract().map_err(|_| PyTypeError::new_err(format!("{what} must be an int, got {}", value.get_type())))?;
+    u64::try_from(number).map_err(|_| PyValueError::new_err(format!("{what} is {number}; it must be between 0 and 2**64-1")))
+}
+
+fn gib_to_bytes(gib: f64, what: &str) -> PyResult<Option<u64>> {
+    if !gib.is_finite() || gib < 0.0 || gib > (1u64 << 20) as f64 {
+        return Err(PyValueError::new_err(format!("{what} is {gib}; give GiB between 0 (no cap) and 1048576")));
+    }
+    Ok((gib > 0.0).then(|| (gib * GIB as f64) as u64))
+}
+
+/// Sets the shared budget. budget_gib: 0 = auto; share: of RAM, 0 = unused; headroom_gib:
+/// RAM to keep un-pinned, negative = auto; device: the CUDA device to register with.
+#[pyfunction]
+#[pyo3(signature = (budget_gib = 0.0, share = 0.0, headroom_gib = -1.0, device = 0))]
+fn configure(py: Python<'_>, budget_gib: f64, share: f64, headroom_gib: f64, device: i64) -> PyResult<()> {
+    let policy = Policy::from_user(budget_gib, share, headroom_gib)?;
+    let device = i32::try_from(device).map_err(|_| PyValueError::new_err(format!("device {device} does not exist")))?;
+    guarded(py, || engine().configure(policy, device))
+}
+
+/// Makes `owner`'s pins match `ranges` (an iterable of (data_ptr, nbytes, keepalive) whose
+/// keepalive owns the memory, e.g. the tensor's untyped storage). Returns the report as JSON.
+#[pyfunction]
+#[pyo3(signature = (owner, ranges, priority = 0, backend = "auto", label = "", owner_cap_gib = 0.0, foreign = Vec::new()))]
+#[allow(clippy::too_many_arguments)]
+fn reconcile(
+    py: Python<'_>,
+    owner: u64,
+    ranges: &Bound<'_, PyAny>,
+    priority: i32,
+    backend: &str,
+    label: &str,
+    owner_cap_gib: f64,
+    foreign: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+) -> PyResult<String> {
+    let backend = BackendChoice::parse(backend)?;
+    let owner_cap_bytes = gib_to_bytes(owner_cap_gib, "owner_cap_gib")?;
+    let mut parsed = Vec::new();
+    for (index, item) in ranges.try_iter()?.enumerate() {
+        let item = item?;
+        let shape_error = || PyTypeError::new_err(format!("ranges[{index}] must be a tuple (data_ptr: int, nbytes: int, keepalive)"));
+        let (addr, len, keep): (Bound<'_, PyAny>, Bound<'_, PyAny>, Py<PyAny>) = item.extract().map_err(|_| shape_error())?;
+        let addr = address_like(&addr, &format!("ranges[{index}].data_ptr"))?;
+        let len = address_like(&len, &format!("ranges[{index}].nbytes"))?;
+        parsed.push((addr, len, Arc::new(keep) as Keepalive));
+    }
+    let mut foreign_ranges = Vec::new();
+    for (index, (addr, len)) in foreign.iter().enumerate() {
+        foreign_ranges.push((address_like(addr, &format!("foreign[{index}].ptr"))?, address_like(len, &format!("foreign[{index}].nbytes"))?));
+    }
+    let request = Request { owner, label: label.to_owned(), priority, backend, owner_cap_bytes, ranges: parsed, foreign: foreign_ranges };
+    guarded(py, || engine().reconcile(request).and_then(|report| to_json(&report)))
+}
+
+/// Releases every pin of `owner`. Returns the bytes released.
+#[pyfunction]
+fn release(py: Python<'_>, owner: u64) -> PyResult<u64> {
+    guarded(py, || Ok(engine().release_owner(owner)))
+}
+
+/// Releases every pin. Returns the bytes released.
+#[pyfunction]
+fn release_all(py: Python<'_>) -> PyResult<u64> {
+    guarded(py, || Ok(engine().release_all()))
+}
+
+/// The status snapshot as JSON. probe_cuda: open the CUDA device to describe it.
+#[pyfunction]
+#[pyo3(signature = (probe_cuda = false))]
+fn status_json(py: Python<'_>, probe_cuda: bool) -> PyResult<String> {
+    guarded(py, || to_json(&engine().status(probe_cuda)))
+}
+
+/// Number of CUDA devices (0 without a driver or GPU). Never raises.
+#[pyfunction]
+fn cuda_device_count(py: Python<'_>) -> PyResult<i32> {
+    guarded(py, || Ok(cuda::device_count()))
+}
+
+/// The device address of pinned host memory at `addr` (CUDA backend only).
+#[pyfunction]
+fn device_pointer(py: Python<'_>, addr: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let addr = address_like(addr, "addr")?;
+    guarded(py, || {
+        let backend = engine().lock().cuda()?;
+        backend.device_pointer(addr)
+    })
+}
+
+#[pymodule]
+fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("VikingNativeError", m.py().get_type::<VikingNativeError>())?;
+    m.add("BackendUnavailableError", m.py().get_type::<BackendUnavailableError>())?;
+    m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(reconcile, m)?)?;
+    m.add_function(wrap_pyfunction!(release, m)?)?;
+    m.add_function(wrap_pyfunction!(release_all, m)?)?;
+    m.add_function(wrap_pyfunction!(status_json, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(device_pointer, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! The status snapshot: the one JSON document the nodes, the HTTP route and the UI all read.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::backend::cuda::DeviceInfo;
+use crate::backend;
+use crate::budget::{self, Budget, MemorySnapshot, Policy};
+use crate::engine::{memory_snapshot, Counters, Engine};
+use crate::plan::{SkipReason, Skipped};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkipSummary {
+    pub reason: String,
+    pub description: String,
+    pub bytes: u64,
+    pub count: usize,
+}
+
+impl SkipSummary {
+    pub fn new(reason: &str, description: &str, bytes: u64, count: usize) -> SkipSummary {
+        SkipSummary { reason: reason.into(), description: description.into(), bytes, count }
+    }
+}
+
+/// Groups skipped ranges by reason, in a fixed order.
+pub fn summarize_skips(skipped: &[Skipped]) -> Vec<SkipSummary> {
+    let mut by_reason: BTreeMap<SkipReason, (u64, usize)> = BTreeMap::new();
+    for skip in skipped {
+        let slot = by_reason.entry(skip.reason).or_default();
+        slot.0 += skip.len;
+        slot.1 += 1;
+    }
+    by_reason
+        .into_iter()
+        .map(|(reason, (bytes, count))| {
+            let name = serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+            SkipSummary::new(&name, reason.describe(), bytes, count)
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OwnerStatus {
+    pub owner: u64,
+    pub label: String,
+    pub priority: i32,
+    pub wanted_bytes: u64,
+    pub pinned_bytes: u64,
+    pub regions: usize,
+    pub by_backend: BTreeMap<&'static str, u64>,
+    pub skipped: Vec<SkipSummary>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CudaStatus {
+    pub available: bool,
+    /// Why not, when not available (or not opened yet).
+    pub reason: Option<String>,
+    pub device: Option<DeviceInfo>,
+    pub free_bytes: Option<u64>,
+    pub total_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub version: &'static str,
+    pub memory: MemorySnapshot,
+    pub policy: Policy,
+    pub budget: Budget,
+    pub pinned_bytes: u64,
+    pub registrations: usize,
+    pub owners: Vec<OwnerStatus>,
+    pub cuda: CudaStatus,
+    pub os_lock_available: bool,
+    pub counters: Counters,
+    pub release_failures: u64,
+    pub last_release_error: Option<String>,
+    pub events: Vec<String>,
+}
+
+impl Engine {
+    /// A fresh snapshot. `probe_cuda`: open the CUDA backend if it is not yet open (to report
+    /// the device); otherwise CUDA is described only once something used it.
+    pub fn status(&self, probe_cuda: bool) -> Status {
+        let os_lock_available = self.oslock().is_some();
+        let mut state = self.lock();
+        let cuda = if probe_cuda || state.cuda_opened() {
+            match state.cuda() {
+                Ok(backend) => {
+                    let memory = backend.memory_info().ok();
+                    CudaStatus {
+                        available: true,
+                        reason: None,
+                        device: Some(backend.info().clone()),
+                        free_bytes: memory.map(|m| m.0),
+                        total_bytes: memory.map(|m| m.1),
+                    }
+                }
+                Err(error) => CudaStatus { available: false, reason: Some(error.to_string()), device: None, free_bytes: None, total_bytes: None },
+            }
+        } else {
+            CudaStatus { available: false, reason: Some("not probed yet".into()), device: None, free_bytes: None, total_bytes: None }
+        };
+
+        let totals = state.ledger.totals();
+        let mut owners: BTreeMap<u64, OwnerStatus> = BTreeMap::new();
+        for (&owner, record) in &state.owners {
+            owners.insert(
+                owner,
+                OwnerStatus {
+                    owner,
+                    label: record.label.clone(),
+                    priority: record.priority,
+                    wanted_bytes: record.wanted_bytes,
+                    pinned_bytes: 0,
+                    regions: 0,
+                    by_backend: BTreeMap::new(),
+                    skipped: record.skipped.clone(),
+                },
+            );
+        }
+        for (&(owner, backend_kind), &(bytes, count)) in &totals {
+            let entry = owners.entry(owner).or_insert_with(|| OwnerStatus {
+                owner,
+                label: String::new(),
+                priority: 0,
+                wanted_bytes: 0,
+                pinned_bytes: 0,
+                regions: 0,
+                by_backend: BTreeMap::new(),
+                skipped: Vec::new(),
+            });
+            entry.pinned_bytes += bytes;
+            entry.regions += count;
+            *entry.by_backend.entry(backend_kind.name()).or_default() += bytes;
+        }
+
+        let pinned_bytes = state.ledger.total_bytes();
+        let memory = memory_snapshot(pinned_bytes, state.foreign_bytes);
+        let (release_failures, last_release_error) = backend::release_failures();
+        Status {
+            version: env!("CARGO_PKG_VERSION"),
+            budget: budget::compute(&memory, &state.policy),
+            memory,
+            policy: state.policy,
+            pinned_bytes,
+            registrations: state.ledger.entries().count(),
+            owners: owners.into_values().collect(),
+            cuda,
+            os_lock_available,
+            counters: state.counters,
+            release_failures,
+            last_release_error,
+            events: state.events.clone(),
+        }
+    }
+}
