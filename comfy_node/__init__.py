@@ -1,0 +1,1 @@
+"""Viking Engine's Python side: thin node classes over the native module `viking_native`."""

@@ -1,0 +1,31 @@
+"""From torch modules and tensors to the host ranges the native engine pins: one
+(data_ptr, nbytes, storage) per distinct CPU storage. The storage object rides along so the
+engine holds a reference to the memory for as long as it is pinned."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+def cpu_storage_ranges(tensors: Iterable) -> tuple[list[tuple[int, int, object]], list[tuple[int, int]]]:
+    """Returns (ranges, pinned_elsewhere). Skips GPU, meta and empty tensors; views of one
+    storage count once. `pinned_elsewhere` lists storages CUDA already reports as pinned (by
+    ComfyUI, or by `pin_memory()`): the engine never registers those twice."""
+    ranges, pinned_elsewhere, seen = [], [], set()
+    for tensor in tensors:
+        if tensor is None or tensor.device.type != "cpu" or tensor.is_meta:
+            continue
+        storage = tensor.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        if ptr == 0 or nbytes == 0 or ptr in seen:
+            continue
+        seen.add(ptr)
+        ranges.append((ptr, nbytes, storage))
+        if tensor.is_pinned():
+            pinned_elsewhere.append((ptr, nbytes))
+    return ranges, pinned_elsewhere
+
+
+def module_tensors(module) -> list:
+    """Parameters and buffers of a torch module, each once."""
+    return [t.data if hasattr(t, "data") else t for t in list(module.parameters()) + list(module.buffers())]
