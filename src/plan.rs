@@ -7,6 +7,8 @@
 //! - split regions above `max_region_bytes` (one registration of >= 512 GiB fails on r580);
 //! - highest priority first; a region that does not fit is cut to the room left (at a page).
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::memmap::MemoryKind;
@@ -188,18 +190,30 @@ pub fn plan(ranges: &[HostRange], pinned: &[Pinned], rules: &Rules) -> Plan {
     // Pieces of different owners may still overlap (two models sharing a tensor): the first
     // owner in order keeps the bytes, the later one is told.
     merged.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.addr, r.owner));
-    let mut claimed: Vec<Pinned> = Vec::new();
+    let mut claimed: BTreeMap<u64, u64> = BTreeMap::new(); // start -> end, disjoint
     let mut deduped = Vec::with_capacity(merged.len());
     for region in merged {
-        claimed.sort_by_key(|p| p.addr);
         let end = region.addr + region.len;
-        let mut taken_parts = Vec::new();
-        let left = subtract(region.addr, end, &claimed, |start, stop, _| taken_parts.push((start, stop)));
-        for (start, stop) in taken_parts {
-            out.skipped.push(Skipped { addr: start, len: stop - start, owner: region.owner, reason: SkipReason::PinnedForAnotherModel });
+        let mut cursor = region.addr;
+        let mut left = Vec::new();
+        let first = claimed.range(..=region.addr).next_back().map_or(region.addr, |(&start, _)| start);
+        for (&start, &stop) in claimed.range(first..end) {
+            if stop <= cursor {
+                continue;
+            }
+            if start > cursor {
+                left.push((cursor, start));
+            }
+            let taken_end = stop.min(end);
+            let taken_start = start.max(cursor);
+            out.skipped.push(Skipped { addr: taken_start, len: taken_end - taken_start, owner: region.owner, reason: SkipReason::PinnedForAnotherModel });
+            cursor = taken_end;
+        }
+        if cursor < end {
+            left.push((cursor, end));
         }
         for (start, stop) in left {
-            claimed.push(Pinned { addr: start, len: stop - start, owner: Some(region.owner) });
+            claimed.insert(start, stop);
             let sources = region.sources.iter().copied().filter(|&s| ranges[s].addr < stop && start < ranges[s].addr + ranges[s].len).collect();
             deduped.push(Region { addr: start, len: stop - start, sources, ..region.clone() });
         }
