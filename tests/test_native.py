@@ -142,7 +142,7 @@ def test_unknown_backend_and_missing_cuda_are_clear():
             vn.reconcile(1, [], backend="cuda")
         # auto falls back to the OS lock.
         report, _ = reconcile(1, model(8, 1))
-        assert json.loads(vn.reconcile(1, [], backend="auto"))["backend"] == "os_lock"
+        assert json.loads(vn.reconcile(1, [], backend="auto"))["backend"] == "os-lock"
 
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine: the CUDA path runs on the GPU machine")

@@ -16,6 +16,7 @@ use crate::memmap::MemoryKind;
 #[serde(rename_all = "snake_case")]
 pub enum BackendKind {
     Cuda,
+    #[serde(rename = "os-lock")]
     OsLock,
 }
 

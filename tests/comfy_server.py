@@ -1,0 +1,344 @@
+"""Run a real ComfyUI server (the copy made by scripts/setup_env.sh) for end-to-end tests.
+
+No pytest in here, so scripts and benchmarks can use it too:
+
+    from comfy_server import prepare_base_dir, ComfyServer, txt2img_prompt
+    base = prepare_base_dir("/tmp/run1", custom_nodes={"viking_engine": REPO_ROOT})
+    with ComfyServer(base) as srv:
+        entry = srv.run_prompt(txt2img_prompt())
+        print(srv.output_files(entry))
+
+The server only ever listens on 127.0.0.1 and is always stopped when the `with` block ends.
+"""
+import atexit
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COMFY_DIR = REPO_ROOT / ".comfy" / "ComfyUI"
+VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
+CACHE_DIR = REPO_ROOT / ".comfy" / "cache"
+CKPT_NAME = "synthetic_sd15.safetensors"
+
+# What never goes into an installed custom node folder (a user's copy has none of these).
+COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", ".comfy", "target", "__pycache__", "*.pyc",
+                                     ".pytest_cache", "*.egg-info", "dist", "build")
+
+
+# ---- base directory ------------------------------------------------------------------------------
+def cached_checkpoint(seed=0, vae="kl"):
+    """Path of the synthetic checkpoint for (seed, vae), written once under .comfy/cache.
+
+    The file name carries a hash of the generator's source, so editing it makes a new file.
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import synthetic_checkpoint
+
+    src_hash = hashlib.sha256(Path(synthetic_checkpoint.__file__).read_bytes()).hexdigest()[:10]
+    path = CACHE_DIR / f"synthetic_sd15_{vae}_s{seed}_{src_hash}.safetensors"
+    if not path.exists():
+        synthetic_checkpoint.make_checkpoint(str(path), seed=seed, vae=vae)
+    return path
+
+
+def prepare_base_dir(base, custom_nodes=None, checkpoint=None, ckpt_name=CKPT_NAME):
+    """Make `base` a ComfyUI --base-directory and return it as a Path.
+
+    custom_nodes: {folder_name: source_dir}; each source is COPIED to custom_nodes/<folder_name>,
+        the way a user drops a node folder in (minus .git, .venv, target, caches).
+    checkpoint: a .safetensors file to offer as models/checkpoints/<ckpt_name> (a symlink);
+        default: the cached synthetic SD1.5 checkpoint, seed 0.
+    """
+    base = Path(base)
+    for sub in ("models/checkpoints", "custom_nodes", "input", "output"):
+        # custom_nodes/ must exist: ComfyUI 0.3.75 crashes at start (prestartup scan) without it.
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    link = base / "models" / "checkpoints" / ckpt_name
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(Path(checkpoint or cached_checkpoint()).resolve())
+    for name, src in (custom_nodes or {}).items():
+        dest = base / "custom_nodes" / name
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(src, dest, ignore=COPY_IGNORE, symlinks=True)
+    return base
+
+
+# ---- the server ----------------------------------------------------------------------------------
+class ComfyError(RuntimeError):
+    """ComfyUI refused a prompt, a prompt failed, or the server did not come up."""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ComfyServer:
+    """`python main.py --cpu ...` in COMFY_DIR as a context manager.
+
+    extra_args: more command-line flags (e.g. ["--disable-pinned-memory"]); cpu=False drops --cpu
+    (for a GPU machine). env: extra environment variables. The log goes to <base>/comfy-<port>.log.
+    """
+
+    def __init__(self, base_dir, extra_args=(), *, cpu=True, port=None, env=None,
+                 start_timeout=180, comfy_dir=COMFY_DIR, python=VENV_PYTHON):
+        self.base_dir = Path(base_dir).resolve()
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = self.base_dir / f"comfy-{self.port}.log"
+        # The default database lives inside the ComfyUI tree (user/comfyui.db, a folder that does
+        # not exist there) and fails to open; an in-memory one keeps runs independent and quiet.
+        self.cmd = [str(python), "main.py", "--listen", "127.0.0.1", "--port", str(self.port),
+                    "--disable-auto-launch", "--base-directory", str(self.base_dir),
+                    "--database-url", "sqlite:///:memory:"] + (["--cpu"] if cpu else []) + list(extra_args)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.start_timeout = start_timeout
+        self.comfy_dir = Path(comfy_dir)
+        self.proc = None
+        self.start_seconds = None
+        self._object_info = None
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    # -- lifecycle
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self):
+        if not (self.comfy_dir / "main.py").exists():
+            raise ComfyError(f"no ComfyUI at {self.comfy_dir}: run scripts/setup_env.sh")
+        t0 = time.monotonic()
+        self._log = open(self.log_path, "wb")
+        # Own session: stop() can signal the server without touching the test process.
+        self.proc = subprocess.Popen(self.cmd, cwd=self.comfy_dir, env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        atexit.register(self.stop)  # last resort if the with-block is never left normally
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise ComfyError(f"ComfyUI exited with {self.proc.returncode} at start\n{self.log_tail()}")
+                if time.monotonic() - t0 > self.start_timeout:
+                    raise ComfyError(f"ComfyUI did not answer within {self.start_timeout} s\n{self.log_tail()}")
+                try:
+                    self._object_info = self.get("/object_info")  # answers once all nodes are loaded
+                    break
+                except (urllib.error.URLError, ConnectionError, OSError):
+                    time.sleep(0.25)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+
+    def stop(self, timeout=15):
+        """Terminate the server (SIGTERM, then SIGKILL). Safe to call twice."""
+        atexit.unregister(self.stop)
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # its own process group (start_new_session)
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        if getattr(self, "_log", None):
+            self._log.close()
+            self._log = None
+
+    # -- log
+    def log_text(self):
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines=40):
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    # -- HTTP (stdlib only)
+    def _request(self, path, data=None, timeout=30):
+        req = urllib.request.Request(self.url + path, data=data,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body = r.read()
+        return json.loads(body) if body else None
+
+    def get(self, path, timeout=30):
+        """GET `path` (e.g. "/object_info/KSampler", "/system_stats") and decode the JSON."""
+        return self._request(path, timeout=timeout)
+
+    def object_info(self):
+        if self._object_info is None:
+            self._object_info = self.get("/object_info")
+        return self._object_info
+
+    def post_prompt(self, api_graph, client_id="viking-tests"):
+        """Queue an API-format graph; returns its prompt_id. Raises ComfyError with ComfyUI's
+        validation errors (per node) when it refuses the graph."""
+        data = json.dumps({"prompt": api_graph, "client_id": client_id}).encode()
+        try:
+            return self._request("/prompt", data)["prompt_id"]
+        except urllib.error.HTTPError as e:
+            raise ComfyError(f"prompt refused ({e.code}): {e.read().decode(errors='replace')}") from None
+
+    def wait_history(self, prompt_id, timeout=300):
+        """Wait for the prompt to finish and return its /history entry (with "outputs").
+        Raises ComfyError with the failing node's error text if it failed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            entry = self.get(f"/history/{prompt_id}").get(prompt_id)
+            if entry and entry.get("status", {}).get("completed") is not None:
+                status = entry["status"]
+                if status.get("status_str") == "error":
+                    raise ComfyError(f"prompt {prompt_id} failed:\n{_error_text(status)}")
+                return entry
+            if self.proc.poll() is not None:
+                raise ComfyError(f"ComfyUI died (exit {self.proc.returncode})\n{self.log_tail()}")
+            time.sleep(0.1)
+        raise ComfyError(f"prompt {prompt_id} not done after {timeout} s\n{self.log_tail()}")
+
+    def run_prompt(self, api_graph, timeout=300):
+        return self.wait_history(self.post_prompt(api_graph), timeout)
+
+    def free(self, unload_models=True, settle=0.5):
+        """POST /free: drop ComfyUI's node-output cache (and loaded models), so the next identical
+        prompt is computed again. ComfyUI applies it asynchronously when its worker is idle (it
+        wakes at once); `settle` seconds of grace before the next post_prompt."""
+        self._request("/free", json.dumps({"free_memory": True, "unload_models": unload_models}).encode())
+        time.sleep(settle)
+
+    @staticmethod
+    def cached_nodes(entry):
+        """Ids of the nodes whose results came from ComfyUI's cache in that run."""
+        return {n for kind, msg in entry["status"].get("messages", []) if kind == "execution_cached"
+                for n in msg.get("nodes", [])}
+
+    def output_files(self, entry):
+        """Absolute paths of the images an entry's nodes saved (SaveImage: type "output")."""
+        files = []
+        for node_out in entry.get("outputs", {}).values():
+            for img in node_out.get("images", []):
+                root = {"output": "output", "temp": "temp", "input": "input"}[img.get("type", "output")]
+                files.append(self.base_dir / root / img.get("subfolder", "") / img["filename"])
+        return files
+
+
+def _error_text(status):
+    lines = []
+    for kind, msg in status.get("messages", []):
+        if kind == "execution_error":
+            lines.append(f"node {msg.get('node_id')} ({msg.get('node_type')}): "
+                         f"{msg.get('exception_type')}: {msg.get('exception_message')}")
+            lines += [l.rstrip() for l in msg.get("traceback", [])]
+        elif kind == "execution_interrupted":
+            lines.append("interrupted")
+    return "\n".join(lines) or json.dumps(status)
+
+
+# ---- graphs --------------------------------------------------------------------------------------
+def txt2img_prompt(ckpt_name=CKPT_NAME, seed=0, steps=1, size=64, prefix="txt2img",
+                   positive="a photo of a viking ship", negative="blurry"):
+    """The plain SD1.5 txt2img API graph: checkpoint -> 2x text encode -> empty latent ->
+    KSampler -> VAEDecode -> SaveImage."""
+    return {
+        "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": ckpt_name}},
+        "6": {"class_type": "CLIPTextEncode", "inputs": {"text": positive, "clip": ["4", 1]}},
+        "7": {"class_type": "CLIPTextEncode", "inputs": {"text": negative, "clip": ["4", 1]}},
+        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": size, "height": size, "batch_size": 1}},
+        "3": {"class_type": "KSampler", "inputs": {
+            "model": ["4", 0], "positive": ["6", 0], "negative": ["7", 0], "latent_image": ["5", 0],
+            "seed": seed, "steps": steps, "cfg": 7.0, "sampler_name": "euler", "scheduler": "normal",
+            "denoise": 1.0}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": prefix}},
+    }
+
+
+# UI-only node types: they never reach the server.
+_FRONTEND_ONLY = {"Note", "MarkdownNote", "PrimitiveNode", "Reroute"}
+_WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+_MUTED, _BYPASSED = 2, 4
+
+
+def api_prompt_from_ui_workflow(ui, object_info):
+    """Convert a UI-format workflow (what ComfyUI's frontend saves: "nodes", "links",
+    "widgets_values") into the API format POST /prompt takes.
+
+    Widget values are positional in the UI format; their names come from object_info's input
+    order, skipping the extra "control_after_generate" value (fixed/randomize/...) that the
+    frontend stores after seed-like inputs. Handles Reroute, PrimitiveNode, notes, muted and
+    bypassed nodes. Not handled: subgraphs / group nodes (raises ValueError).
+    """
+    if ui.get("definitions", {}).get("subgraphs"):
+        raise ValueError("workflows with subgraphs are not supported")
+    nodes = {n["id"]: n for n in ui["nodes"]}
+    links = {l[0]: l for l in ui["links"]}  # [id, from_node, from_slot, to_node, to_slot, type]
+
+    def source(link_id):
+        """Follow a link back through reroutes and bypassed nodes to a real output, or None."""
+        while link_id is not None:
+            _, src, slot, _, _, typ = links[link_id]
+            n = nodes[src]
+            if n["type"] == "Reroute":
+                link_id = n["inputs"][0].get("link")
+            elif n.get("mode") == _BYPASSED:  # bypass: pass through the first input of that type
+                link_id = next((i.get("link") for i in n.get("inputs", []) if i["type"] == typ), None)
+            elif n.get("mode") == _MUTED or n["type"] in _FRONTEND_ONLY:
+                return None
+            else:
+                return [str(src), slot]
+        return None
+
+    prompt = {}
+    for node in ui["nodes"]:
+        if node["type"] in _FRONTEND_ONLY or node.get("mode") in (_MUTED, _BYPASSED):
+            continue
+        info = object_info.get(node["type"])
+        if info is None:
+            raise ValueError(f"node {node['id']}: type {node['type']!r} is not installed on the server")
+        inputs = {}
+        values = node.get("widgets_values", [])
+        if isinstance(values, dict):  # some custom nodes save widgets by name
+            inputs.update(values)
+        else:
+            values = list(values)
+            order = info.get("input_order") or {s: list(info["input"].get(s, {})) for s in ("required", "optional")}
+            for section in ("required", "optional"):
+                for name in order.get(section, []):
+                    spec = info["input"][section][name]
+                    typ, opts = spec[0], (spec[1] if len(spec) > 1 else {})
+                    is_widget = isinstance(typ, list) or typ in _WIDGET_TYPES
+                    if not is_widget or opts.get("forceInput") or not values:
+                        continue
+                    inputs[name] = values.pop(0)
+                    # The frontend stores extra widgets' values right after some inputs: the
+                    # "control after generate" mode after seeds (flagged, or legacy by name) and
+                    # the upload button after LoadImage-style combos.
+                    control = opts.get("control_after_generate") or name in ("seed", "noise_seed")
+                    if values and control and values[0] in ("fixed", "increment", "decrement", "randomize"):
+                        values.pop(0)
+                    elif values and any(k.endswith("_upload") and v for k, v in opts.items()) and \
+                            values[0] in ("image", "video", "audio"):
+                        values.pop(0)
+        for inp in node.get("inputs", []):  # links override widget values (converted widgets)
+            src = source(inp.get("link"))
+            if src is not None:
+                inputs[inp["name"]] = src
+        prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs,
+                                   "_meta": {"title": node.get("title", node["type"])}}
+    return prompt
