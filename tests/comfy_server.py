@@ -41,7 +41,9 @@ def cached_checkpoint(seed=0, vae="kl"):
 
     The file name carries a hash of the generator's source, so editing it makes a new file.
     """
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:  # pytest's importlib mode leaves tests/ off sys.path
+        sys.path.insert(0, here)
     import synthetic_checkpoint
 
     src_hash = hashlib.sha256(Path(synthetic_checkpoint.__file__).read_bytes()).hexdigest()[:10]
