@@ -31,6 +31,9 @@ pub struct Request {
     pub ranges: Vec<(u64, u64, Keepalive)>,
     /// Pinned by others in this process (ComfyUI's own registrations): never touched.
     pub foreign: Vec<(u64, u64)>,
+    /// All bytes others hold pinned in this process (ComfyUI's total), for the budget; at
+    /// least the sum of `foreign`.
+    pub others_pinned_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -231,7 +234,7 @@ impl Engine {
         let mut released_bytes = state.release(stale);
 
         // 2. The budget, and room made by pressure or by lower-priority owners.
-        let foreign_bytes: u64 = request.foreign.iter().map(|(_, l)| l).sum();
+        let foreign_bytes = request.others_pinned_bytes.max(request.foreign.iter().map(|(_, l)| l).sum());
         state.foreign_bytes = foreign_bytes;
         let mut budget = budget::compute(&memory_snapshot(state.ledger.total_bytes(), foreign_bytes), &state.policy);
         let mut evicted: BTreeMap<u64, u64> = BTreeMap::new();
@@ -442,7 +445,7 @@ mod tests {
     }
 
     fn request(owner: u64, priority: i32, ranges: Vec<(u64, u64, Keepalive)>) -> Request {
-        Request { owner, label: format!("model {owner}"), priority, backend: BackendChoice::OsLock, owner_cap_bytes: None, ranges, foreign: vec![] }
+        Request { owner, label: format!("model {owner}"), priority, backend: BackendChoice::OsLock, owner_cap_bytes: None, ranges, foreign: vec![], others_pinned_bytes: 0 }
     }
 
     fn locked_kib() -> u64 {

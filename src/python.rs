@@ -78,7 +78,7 @@ fn configure(py: Python<'_>, budget_gib: f64, share: f64, headroom_gib: f64, dev
 /// Makes `owner`'s pins match `ranges` (an iterable of (data_ptr, nbytes, keepalive) whose
 /// keepalive owns the memory, e.g. the tensor's untyped storage). Returns the report as JSON.
 #[pyfunction]
-#[pyo3(signature = (owner, ranges, priority = 0, backend = "auto", label = "", owner_cap_gib = 0.0, foreign = Vec::new()))]
+#[pyo3(signature = (owner, ranges, priority = 0, backend = "auto", label = "", owner_cap_gib = 0.0, foreign = Vec::new(), others_pinned_bytes = 0))]
 #[allow(clippy::too_many_arguments)]
 fn reconcile(
     py: Python<'_>,
@@ -89,6 +89,7 @@ fn reconcile(
     label: &str,
     owner_cap_gib: f64,
     foreign: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+    others_pinned_bytes: u64,
 ) -> PyResult<String> {
     let backend = BackendChoice::parse(backend)?;
     let owner_cap_bytes = gib_to_bytes(owner_cap_gib, "owner_cap_gib")?;
@@ -105,7 +106,7 @@ fn reconcile(
     for (index, (addr, len)) in foreign.iter().enumerate() {
         foreign_ranges.push((address_like(addr, &format!("foreign[{index}].ptr"))?, address_like(len, &format!("foreign[{index}].nbytes"))?));
     }
-    let request = Request { owner, label: label.to_owned(), priority, backend, owner_cap_bytes, ranges: parsed, foreign: foreign_ranges };
+    let request = Request { owner, label: label.to_owned(), priority, backend, owner_cap_bytes, ranges: parsed, foreign: foreign_ranges, others_pinned_bytes };
     guarded(py, || engine().reconcile(request).and_then(|report| to_json(&report)))
 }
 
@@ -156,5 +157,7 @@ fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(status_json, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(device_pointer, m)?)?;
+    // Release every pin at interpreter exit, while the memory is still alive.
+    m.py().import("atexit")?.call_method1("register", (m.getattr("release_all")?,))?;
     Ok(())
 }

@@ -1,0 +1,36 @@
+"""Viking Engine, a ComfyUI custom node: keeps model weights page-locked in RAM (never swapped,
+full-speed DMA to the GPU) within a RAM budget. Drop this folder into ComfyUI/custom_nodes/ and
+run `python -m pip install .` in it with ComfyUI's Python (see README.md).
+
+ComfyUI's loader prefers NODE_CLASS_MAPPINGS over comfy_entrypoint when a module has both, so
+exactly one is exported: V3 nodes where comfy_api.latest exists, classic V1 classes elsewhere."""
+
+from .comfy_node.nodes import SPECS
+from .comfy_node.spec import v1_class, v3_class
+
+WEB_DIRECTORY = "./web"
+
+try:  # the HTTP routes exist only inside a running ComfyUI server
+    from .comfy_node import routes as _routes  # noqa: F401
+except ImportError:
+    pass
+
+try:
+    from comfy_api.latest import ComfyExtension
+except ImportError:  # ComfyUI older than the V3 node API
+    ComfyExtension = None
+
+if ComfyExtension is not None:
+
+    class VikingExtension(ComfyExtension):
+        async def get_node_list(self):
+            return [v3_class(spec) for spec in SPECS]
+
+    async def comfy_entrypoint():
+        return VikingExtension()
+
+else:
+    NODE_CLASS_MAPPINGS = {spec.node_id: v1_class(spec) for spec in SPECS}
+    NODE_DISPLAY_NAME_MAPPINGS = {spec.node_id: spec.display_name for spec in SPECS}
+
+__all__ = ["WEB_DIRECTORY"] + (["comfy_entrypoint"] if ComfyExtension is not None else ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"])

@@ -1,0 +1,210 @@
+"""Pins that follow ComfyUI's weights. One idempotent `reconcile(patcher)` is called after every
+event that can move weights between RAM and VRAM; ComfyUI-version differences live here only.
+
+Why these events (ComfyUI 0.3.75, comfy/model_patcher.py): no callback runs *before* ComfyUI
+frees or replaces a CPU weight (load to GPU, unload to fresh CPU tensors, partial unload, LoRA
+backups). So the native ledger holds a reference to every storage it pins (the memory cannot be
+freed while registered), and we reconcile *after*:
+- ON_LOAD: end of a (full or partial) load: the CPU-resident layers of a partial load;
+- ON_DETACH: after an unload back to RAM (fresh CPU storages), and on every re-use;
+- ON_INJECT_MODEL: end of load / partially_load / partially_unload / detach, via a no-op
+  injection (partially_unload has no callback of its own);
+- ON_CLEANUP: after each sampling run, when the model is idle;
+- a weakref finalizer on the torch module: ComfyUI dropped the model -> release everything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from dataclasses import dataclass
+
+from .native import require
+from .weights import cpu_storage_ranges, module_tensors
+
+KEY = "viking_engine"
+log = logging.getLogger("viking_engine")
+
+
+@dataclass
+class PinSettings:
+    label: str
+    budget_gib: float = 0.0  # at most this much of this model; 0: as the shared budget allows
+    headroom_gib: float = 0.0  # shared: RAM kept un-pinned; 0: auto
+    backend: str = "auto"
+    priority: int = 0
+    node_id: str = ""
+
+
+_settings: dict[int, PinSettings] = {}  # owner -> settings
+_finalizers: dict[int, weakref.finalize] = {}
+_last_reports: dict[int, dict] = {}
+_unpin_count = 0  # bumped by every unpin: pin nodes re-run after one
+
+
+def unpin_generation() -> int:
+    return _unpin_count
+
+
+def owner_of(patcher) -> int:
+    """Clones of a ModelPatcher share one torch module: that module is the owner of the pins."""
+    return id(patcher.model)
+
+
+def is_pinned(patcher) -> bool:
+    return owner_of(patcher) in _settings
+
+
+def settings_of(patcher) -> PinSettings | None:
+    return _settings.get(owner_of(patcher))
+
+
+def last_report(owner: int) -> dict | None:
+    return _last_reports.get(owner)
+
+
+def labels() -> dict[int, str]:
+    return {owner: s.label for owner, s in _settings.items()}
+
+
+# --- ComfyUI facts, each guarded so older and newer ComfyUI both work --------------------------
+
+def comfy_pins() -> tuple[list[tuple[int, int]], int]:
+    """ComfyUI's own registrations (ptr, size) and their total: never touched, counted in the budget."""
+    try:
+        import comfy.model_management as mm
+    except ImportError:
+        return [], 0
+    pinned = dict(getattr(mm, "PINNED_MEMORY", {}) or {})
+    return [(int(p), int(n)) for p, n in pinned.items() if p and n], int(getattr(mm, "TOTAL_PINNED_MEMORY", 0) or 0)
+
+
+def dynamic_vram_enabled() -> bool:
+    """Newer ComfyUI's dynamic VRAM (comfy-aimdo) keeps weights in read-only file mappings and
+    pins its own host buffers: Viking must stand aside there."""
+    try:
+        import comfy.memory_management as memory_management
+    except ImportError:
+        return False
+    return bool(getattr(memory_management, "aimdo_enabled", False))
+
+
+def _is_dynamic(patcher) -> bool:
+    is_dynamic = getattr(patcher, "is_dynamic", None)
+    return bool(is_dynamic()) if callable(is_dynamic) else False
+
+
+def _aimdo_storage(tensor) -> bool:
+    storage = tensor.untyped_storage()
+    return hasattr(storage, "_comfy_tensor_file_slice") or hasattr(storage, "_comfy_hostbuf")
+
+
+def patcher_tensors(patcher) -> list:
+    """The weights of a patcher that can sit in host RAM: the module's parameters and buffers,
+    and the original weights ComfyUI keeps in `backup` while LoRA patches are applied."""
+    tensors = module_tensors(patcher.model)
+    for backup in getattr(patcher, "backup", {}).values():
+        weight = getattr(backup, "weight", None)
+        if weight is not None:
+            tensors.append(weight)
+    return [t for t in tensors if not _aimdo_storage(t)]
+
+
+# --- the one entry point -----------------------------------------------------------------------
+
+def reconcile(patcher) -> dict | None:
+    """Makes the pins of `patcher`'s model match what is in host RAM now. Idempotent."""
+    owner = owner_of(patcher)
+    settings = _settings.get(owner)
+    if settings is None:
+        return None
+    native = require()
+    if _is_dynamic(patcher) or dynamic_vram_enabled():
+        native.release(owner)
+        report = {"owner": owner, "pinned_bytes": 0, "wanted_bytes": 0, "standing_aside": "ComfyUI dynamic VRAM mode pins these weights itself (read-only file mappings): Viking leaves them alone"}
+        _last_reports[owner] = report
+        return report
+    ranges, pinned_elsewhere = cpu_storage_ranges(patcher_tensors(patcher))
+    comfy_ranges, comfy_total = comfy_pins()
+    _wait_for_copies()
+    report = json.loads(native.reconcile(
+        owner, ranges,
+        priority=settings.priority,
+        backend=settings.backend,
+        label=settings.label,
+        owner_cap_gib=settings.budget_gib,
+        foreign=pinned_elsewhere + comfy_ranges,
+        others_pinned_bytes=comfy_total,
+    ))
+    _last_reports[owner] = report
+    for failure in report["failures"]:
+        log.warning("Viking Engine: a pin failed for %s: %s", settings.label, failure)
+    return report
+
+
+def _wait_for_copies():
+    """Lowvram streaming copies from host weights asynchronously; a storage must not be
+    unregistered while a copy from it may still run."""
+    try:
+        import torch
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    except Exception:  # no CUDA build, or no device: nothing in flight
+        pass
+
+
+def _on_event(patcher, *_args):
+    # Runs inside ComfyUI's load/unload: an exception here would abort the load, so never raise.
+    try:
+        reconcile(patcher)
+    except Exception as error:  # noqa: BLE001 - logged, never propagated into ComfyUI
+        log.warning("Viking Engine: reconcile after a ComfyUI event failed: %s", error)
+
+
+def _noop(_patcher):
+    pass
+
+
+def attach(patcher, settings: PinSettings) -> dict | None:
+    """Makes `patcher` (and clones made from it later) keep its model's weights pinned."""
+    import comfy.patcher_extension as ext
+
+    require().configure(headroom_gib=settings.headroom_gib if settings.headroom_gib > 0 else -1.0)
+    owner = owner_of(patcher)
+    _settings[owner] = settings
+    for event in (ext.CallbacksMP.ON_LOAD, ext.CallbacksMP.ON_DETACH, ext.CallbacksMP.ON_CLEANUP, ext.CallbacksMP.ON_INJECT_MODEL):
+        if not patcher.get_callbacks(event, KEY):
+            patcher.add_callback_with_key(event, KEY, _on_event)
+    if hasattr(patcher, "set_injections") and KEY not in getattr(patcher, "injections", {}):
+        patcher.set_injections(KEY, [ext.PatcherInjection(inject=_noop, eject=_noop)])
+    if owner not in _finalizers or not _finalizers[owner].alive:
+        _finalizers[owner] = weakref.finalize(patcher.model, _forget, owner)
+    return reconcile(patcher)
+
+
+def _forget(owner: int):
+    """The model is gone (ComfyUI dropped it): release every pin it had."""
+    _settings.pop(owner, None)
+    _last_reports.pop(owner, None)
+    _finalizers.pop(owner, None)
+    try:
+        require().release(owner)
+    except Exception as error:  # noqa: BLE001 - runs from a finalizer: must not raise
+        log.warning("Viking Engine: releasing a dropped model failed: %s", error)
+
+
+def unpin(patcher=None) -> int:
+    """Releases one model's pins (its callbacks then do nothing), or every pin. Returns bytes."""
+    global _unpin_count
+    _unpin_count += 1
+    native = require()
+    _wait_for_copies()
+    if patcher is None:
+        _settings.clear()
+        _last_reports.clear()
+        return native.release_all()
+    owner = owner_of(patcher)
+    _settings.pop(owner, None)
+    _last_reports.pop(owner, None)
+    return native.release(owner)

@@ -1,0 +1,150 @@
+"""The Viking nodes, declared once (see spec.py). Thin: each run() hands over to lifecycle.py,
+which talks to the native engine; the planning and the budget live in Rust."""
+
+from __future__ import annotations
+
+import json
+
+from . import lifecycle
+from .native import require
+from .report import human, status_text
+from .spec import ALWAYS, Input, NodeSpec, Output, Result
+
+BACKENDS = ["auto", "cuda", "os-lock"]
+
+SETTINGS_INPUTS = [
+    Input("budget_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step=0.5,
+          tooltip="Pin at most this many GiB of this model. 0 = as much as the shared RAM budget allows."),
+    Input("headroom_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step=0.5,
+          tooltip="RAM that must stay un-pinned for everything else (shared by all models). 0 = auto (20% of RAM, 4-16 GiB)."),
+    Input("backend", "COMBO", default="auto", options=BACKENDS,
+          tooltip="auto: CUDA registration when a GPU is present (fast DMA, no swap), else an OS page lock (no swap)."),
+    Input("priority", "INT", default=0, min=-100, max=100,
+          tooltip="When the budget is short, pins of lower priority are released first."),
+]
+
+
+def _patcher_of(value, kind: str):
+    """The ModelPatcher behind a MODEL / CLIP / VAE input, or a clear error."""
+    from comfy.model_patcher import ModelPatcher
+
+    patcher = value if kind == "MODEL" else getattr(value, "patcher", None)
+    if not isinstance(patcher, ModelPatcher):
+        what = type(value).__module__ + "." + type(value).__name__
+        raise ValueError(
+            f"Viking Pin {kind.title()} needs a ComfyUI {kind} input backed by a ModelPatcher, "
+            f"but the connected node gave a {what}. Connect the {kind} output of a loader node "
+            f"(e.g. Load Checkpoint) instead."
+        )
+    return patcher
+
+
+def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float, backend: str, priority: int) -> Result:
+    require()
+    for name, number in (("budget_gib", budget_gib), ("headroom_gib", headroom_gib)):
+        if not (0.0 <= float(number) <= 4096.0):  # also catches NaN
+            raise ValueError(f"{name} is {number}; give GiB between 0 (auto) and 4096")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend '{backend}' is not known; choose one of {', '.join(BACKENDS)}")
+    # MODEL and CLIP: pin a clone, so the input is left as it was. VAE has no clone() in
+    # ComfyUI 0.3.75: its patcher gets our keyed callbacks (added once).
+    if kind == "MODEL":
+        output = _patcher_of(value, kind).clone()
+        patcher = output
+    elif kind == "CLIP":
+        _patcher_of(value, kind)
+        output = value.clone()
+        patcher = output.patcher
+    else:
+        patcher = _patcher_of(value, kind)
+        output = value
+    notes = []
+    previous = lifecycle.settings_of(patcher)
+    if previous is not None and previous.node_id != node_id:
+        notes.append(f"This {kind} was already pinned by Viking node #{previous.node_id}; the settings of node #{node_id} apply now.")
+    label = f"{kind} {type(patcher.model).__name__} (node #{node_id})"
+    settings = lifecycle.PinSettings(label=label, budget_gib=float(budget_gib), headroom_gib=float(headroom_gib),
+                                     backend=backend, priority=int(priority), node_id=node_id)
+    try:
+        report = lifecycle.attach(patcher, settings)
+    except require().BackendUnavailableError as error:
+        lifecycle.unpin(patcher)
+        raise RuntimeError(f"{error}. Choose backend 'auto' or 'os-lock' on this machine.") from error
+    return Result((output,), _pin_text(report, notes))
+
+
+def _pin_text(report: dict, notes: list[str]) -> str:
+    if report.get("standing_aside"):
+        return report["standing_aside"]
+    lines = [f"Pinned {human(report['pinned_bytes'])} of {human(report['wanted_bytes'])} in RAM "
+             f"({report['backend']}); {report['budget']['reason']}"]
+    lines += [f"skipped {human(s['bytes'])}: {s['description']}" for s in report["skipped"]]
+    lines += [f"released {human(b)} of a lower-priority model to make room" for _, b in report["evicted"]]
+    lines += [f"failed: {f}" for f in report["failures"]]
+    return "\n".join(lines + notes)
+
+
+def _status(node_id: str, after=None) -> Result:
+    status = json.loads(require().status_json(probe_cuda=True))
+    text = status_text(status)
+    return Result((text, json.dumps(status)), text)
+
+
+def _unpin(node_id: str, model=None, clip=None, vae=None, everything: bool = False) -> Result:
+    require()
+    if everything:
+        released = lifecycle.unpin(None)
+        return Result((), f"Released every Viking pin: {human(released)}")
+    released, names = 0, []
+    for kind, value in (("MODEL", model), ("CLIP", clip), ("VAE", vae)):
+        if value is not None:
+            released += lifecycle.unpin(_patcher_of(value, kind))
+            names.append(kind)
+    if not names:
+        return Result((), "Nothing to unpin: connect a MODEL, CLIP or VAE, or switch 'everything' on.")
+    return Result((), f"Released {human(released)} pinned for the {', '.join(names)}")
+
+
+def _pin_spec(node_id: str, kind: str, display: str, description: str) -> NodeSpec:
+    name = kind.lower()
+    return NodeSpec(
+        node_id=node_id,
+        display_name=display,
+        description=description,
+        inputs=[Input(name, kind)] + SETTINGS_INPUTS,
+        outputs=[Output(kind, kind)],
+        run=lambda node_id, **i: _pin(node_id, kind, i[name], i["budget_gib"], i["headroom_gib"], i["backend"], i["priority"]),
+        # Cached like any node, but re-run after a Viking Unpin so the model is pinned again.
+        fingerprint=lifecycle.unpin_generation,
+    )
+
+
+SPECS = [
+    _pin_spec("VikingPinModel", "MODEL", "Viking Pin Model",
+              "Keeps the diffusion model's weights that sit in RAM page-locked (never swapped; full-speed "
+              "copies to the GPU), within a RAM budget. Returns a clone; the pins follow the weights as "
+              "ComfyUI loads and unloads them."),
+    _pin_spec("VikingPinCLIP", "CLIP", "Viking Pin CLIP", "The same as Viking Pin Model, for the text encoder."),
+    _pin_spec("VikingPinVAE", "VAE", "Viking Pin VAE", "The same as Viking Pin Model, for the VAE."),
+    NodeSpec(
+        node_id="VikingMemoryStatus",
+        display_name="Viking Memory Status",
+        description="What Viking has pinned, the budget and what bounds it, RAM, swap and CUDA memory.",
+        inputs=[Input("after", "*", optional=True, tooltip="Wire any output here to show the status after that node ran.")],
+        outputs=[Output("STRING", "text"), Output("STRING", "json")],
+        run=_status,
+        output_node=True,
+        fingerprint=ALWAYS,
+    ),
+    NodeSpec(
+        node_id="VikingUnpin",
+        display_name="Viking Unpin",
+        description="Releases the pins of the connected model(s), or every pin.",
+        inputs=[Input("model", "MODEL", optional=True), Input("clip", "CLIP", optional=True),
+                Input("vae", "VAE", optional=True), Input("everything", "BOOLEAN", default=False, optional=True)],
+        outputs=[],
+        run=_unpin,
+        output_node=True,
+        fingerprint=ALWAYS,
+    ),
+]

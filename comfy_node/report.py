@@ -1,0 +1,46 @@
+"""Readable text from the native status JSON, for the status node and the log."""
+
+from __future__ import annotations
+
+from . import lifecycle
+
+
+def human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.1f} {unit}" if unit != "B" else f"{int(nbytes)} B"
+        nbytes /= 1024
+    return f"{nbytes:.1f} TiB"
+
+
+def status_text(status: dict) -> str:
+    memory, budget = status["memory"], status["budget"]
+    lines = [f"Viking Engine {status['version']}: {human(status['pinned_bytes'])} pinned in {status['registrations']} region(s)"]
+    lines.append(f"Budget: {human(budget['limit_bytes'])} ({budget['reason']}); room left {human(budget['room_bytes'])}")
+    for owner in status["owners"]:
+        backends = ", ".join(f"{name} {human(b)}" for name, b in owner["by_backend"].items()) or "nothing pinned"
+        lines.append(f"- {owner['label'] or owner['owner']}: {human(owner['pinned_bytes'])} of {human(owner['wanted_bytes'])} in RAM pinned ({backends}); priority {owner['priority']}")
+        for skip in owner["skipped"]:
+            lines.append(f"    skipped {human(skip['bytes'])} in {skip['count']} range(s): {skip['description']}")
+        report = lifecycle.last_report(owner["owner"]) or {}
+        if report.get("standing_aside"):
+            lines.append(f"    {report['standing_aside']}")
+    lines.append(f"RAM: {human(memory['available_ram'])} available of {human(memory['total_ram'])}"
+                 + (f" (container limit {human(memory['container_limit'])})" if memory.get("container_limit") else ""))
+    lines.append(f"Swap: {human(memory['swap_used'])} used of {human(memory['swap_total'])}")
+    cuda = status["cuda"]
+    if cuda["available"]:
+        device = cuda["device"]
+        lines.append(f"CUDA: {device['name']} (device {device['ordinal']}), {human(cuda['free_bytes'] or 0)} free of {human(cuda['total_bytes'] or 0)}")
+    else:
+        lines.append(f"CUDA: not used ({cuda['reason']})")
+    comfy_ranges, comfy_total = lifecycle.comfy_pins()
+    if comfy_total:
+        lines.append(f"ComfyUI's own pinning: {human(comfy_total)} in {len(comfy_ranges)} tensor(s) (counted in the budget)")
+    if lifecycle.dynamic_vram_enabled():
+        lines.append("ComfyUI dynamic VRAM mode is on: it pins its own buffers; Viking stands aside for those weights")
+    counters = status["counters"]
+    lines.append(f"Registrations: {counters['registrations']} made, {counters['releases']} released, {counters['failures']} failed")
+    for event in status["events"][-5:]:
+        lines.append(f"! {event}")
+    return "\n".join(lines)

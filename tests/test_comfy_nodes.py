@@ -1,0 +1,206 @@
+"""Viking Engine's nodes in a real ComfyUI 0.3.75 server (CPU, the OS-lock backend), installed
+the way a user installs a node: the folder copied into custom_nodes/, `pip install .` done in
+ComfyUI's Python. Locked bytes are read from the server process itself (/proc/PID/status)."""
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from comfy_server import (COMFY_DIR, ComfyError, ComfyServer, api_prompt_from_ui_workflow,
+                          cached_checkpoint, prepare_base_dir)
+from memory_probe import locked_bytes
+
+REPO = Path(__file__).resolve().parent.parent
+NODE_IDS = ["VikingPinModel", "VikingPinCLIP", "VikingPinVAE", "VikingMemoryStatus", "VikingUnpin"]
+PIN_IDS = {"VikingPinModel", "VikingPinCLIP", "VikingPinVAE"}
+FIXTURE_NODES = Path(__file__).resolve().parent / "fixtures" / "foreign_model_node"
+
+pytestmark = pytest.mark.skipif(not (COMFY_DIR / "main.py").exists(), reason="no ComfyUI tree: run scripts/setup_env.sh")
+
+
+def workflow(name):
+    return json.loads((REPO / "workflows" / f"{name}.json").read_text())
+
+
+def pixels(server, entry):
+    files = server.output_files(entry)
+    assert len(files) == 1, files
+    return np.asarray(Image.open(files[0]).convert("RGB"))
+
+
+def status(server):
+    return server.get("/viking/status")
+
+
+def wait_for(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+def without_viking(api):
+    """The same graph with every Viking node taken out and its inputs wired straight through."""
+    viking = {k for k, v in api.items() if v["class_type"].startswith("Viking")}
+    graph = {k: json.loads(json.dumps(v)) for k, v in api.items() if k not in viking}
+    for node in graph.values():
+        for name, value in node["inputs"].items():
+            while isinstance(value, list) and value[0] in viking:
+                pin = api[value[0]]
+                value = next(v for v in pin["inputs"].values() if isinstance(v, list))
+            node["inputs"][name] = value
+    return graph
+
+
+def without_node(api, node_id):
+    return {k: v for k, v in api.items() if k != node_id and not any(x == [node_id, 0] for x in v["inputs"].values())}
+
+
+def with_prefix(api, prefix):
+    for node in api.values():
+        if node["class_type"] == "SaveImage":
+            node["inputs"]["filename_prefix"] = prefix
+    return api
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return cached_checkpoint()
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    base = prepare_base_dir(tmp_path_factory.mktemp("viking"), checkpoint=checkpoint,
+                            custom_nodes={"viking_engine": REPO, "foreign_model_node": FIXTURE_NODES})
+    with ComfyServer(base) as srv:
+        yield srv
+
+
+def test_object_info_lists_every_node_with_its_inputs(server):
+    for node_id in NODE_IDS:
+        info = server.get(f"/object_info/{node_id}")[node_id]
+        assert info["category"] == "Viking"
+        assert info["display_name"].startswith("Viking")
+    pin = server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["required"]
+    assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority"]
+    assert pin["backend"][1]["options"] == ["auto", "cuda", "os-lock"]
+    assert pin["budget_gib"][1]["min"] == 0.0
+    unpin = server.get("/object_info/VikingUnpin")["VikingUnpin"]["input"]["optional"]
+    assert set(unpin) == {"model", "clip", "vae", "everything"}
+    templates = server.get("/workflow_templates")
+    assert sorted(templates["viking_engine"]) == ["viking_lowvram", "viking_pin_checkpoint"]
+    assert "Viking Engine" not in server.log_text() or "Cannot import" not in server.log_text()
+
+
+def test_example_workflow_pins_samples_and_is_bit_identical(server, checkpoint, tmp_path):
+    api = with_prefix(api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info()), "viking")
+    before = locked_bytes(server.pid)
+    entry = server.run_prompt(api)
+    text = "\n".join(out["text"][0] for out in entry["outputs"].values() if "text" in out)
+    assert "Pinned" in text and "Viking Engine" in text, text
+
+    state = status(server)
+    labels = {o["label"].split()[0]: o for o in state["owners"]}
+    assert set(labels) == {"MODEL", "CLIP", "VAE"}, state["owners"]
+    for owner in labels.values():
+        assert owner["pinned_bytes"] > 0.95 * owner["wanted_bytes"] > 0, owner
+        assert owner["by_backend"] == {"os-lock": owner["pinned_bytes"]}
+    assert state["pinned_bytes"] > 300e6  # the synthetic SD1.5: ~0.6 GB in RAM once loaded
+    # The kernel agrees: the server process holds at least that much locked memory.
+    assert locked_bytes(server.pid) - before >= state["pinned_bytes"]
+    assert f"{state['pinned_bytes'] / 2**20:.1f} MiB pinned" in state["text"]
+
+    # Same seed without Viking, in a fresh server with no custom node: the same pixels.
+    pinned_image = pixels(server, entry)
+    plain_base = prepare_base_dir(tmp_path / "plain", checkpoint=checkpoint)
+    with ComfyServer(plain_base) as plain:
+        plain_image = pixels(plain, plain.run_prompt(with_prefix(without_viking(api), "plain")))
+    assert np.array_equal(pinned_image, plain_image)
+
+
+def test_queueing_twice_pins_nothing_twice(server):
+    api = api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info())
+    server.run_prompt(api)
+    first = status(server)
+    locked = locked_bytes(server.pid)
+    # The same prompt again, and once more with a new seed so sampling really runs (and the
+    # model's load / cleanup callbacks reconcile again).
+    server.run_prompt(api)
+    next(v for v in api.values() if v["class_type"] == "KSampler")["inputs"]["seed"] = 7
+    server.run_prompt(api)
+    second = status(server)
+    assert second["counters"]["registrations"] == first["counters"]["registrations"]
+    assert second["registrations"] == first["registrations"]
+    assert second["pinned_bytes"] == first["pinned_bytes"]
+    assert locked_bytes(server.pid) == locked
+
+
+def test_two_pin_nodes_on_one_model_share_the_pins(server):
+    api = api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info())
+    model_pin = next(k for k, v in api.items() if v["class_type"] == "VikingPinModel")
+    api["90"] = {"class_type": "VikingPinModel", "inputs": dict(api[model_pin]["inputs"], priority=3)}
+    api["91"] = {"class_type": "VikingMemoryStatus", "inputs": {"after": ["90", 0]}}
+    server.run_prompt(without_node(api, "90"))
+    before = status(server)
+    entry = server.run_prompt(api)
+    texts = [entry["outputs"][k]["text"][0] for k in (model_pin, "90") if k in entry["outputs"]]
+    assert any("already pinned by Viking node" in t for t in texts), texts
+    after = status(server)
+    # One set of pins for the one model: the second node changed its settings, not its bytes.
+    assert after["registrations"] == before["registrations"]
+    assert after["pinned_bytes"] == before["pinned_bytes"]
+    model = next(o for o in after["owners"] if o["label"].startswith("MODEL"))
+    assert model["priority"] == 3
+
+
+def test_unpin_and_cache_drop_release_every_locked_byte(server):
+    api = api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info())
+    server.run_prompt(api)
+    assert status(server)["pinned_bytes"] > 0
+    ckpt = next(k for k, v in api.items() if v["class_type"] == "CheckpointLoaderSimple")
+    unpin = {ckpt: api[ckpt], "1": {"class_type": "VikingUnpin", "inputs": {"everything": True}}}
+    entry = server.run_prompt(unpin)
+    assert "Released every Viking pin" in entry["outputs"]["1"]["text"][0]
+    assert status(server)["registrations"] == 0
+    assert locked_bytes(server.pid) < 1 << 20
+
+    # Pin nodes run again after an unpin (and pin again).
+    server.run_prompt(api)
+    assert status(server)["pinned_bytes"] > 300e6
+    # ComfyUI drops its models and caches: the finalizers release everything.
+    server.free(unload_models=True)
+    assert wait_for(lambda: status(server)["registrations"] == 0), status(server)["owners"]
+    assert locked_bytes(server.pid) < 1 << 20
+
+
+def test_bad_input_gets_clear_messages_and_the_queue_keeps_running(server):
+    api = api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info())
+    model_pin = next(k for k, v in api.items() if v["class_type"] == "VikingPinModel")
+    bad = json.loads(json.dumps(api))
+    bad[model_pin]["inputs"]["budget_gib"] = -3
+    with pytest.raises(ComfyError, match="budget_gib"):
+        server.post_prompt(bad)
+    bad = json.loads(json.dumps(api))
+    bad[model_pin]["inputs"]["backend"] = "warp-drive"
+    with pytest.raises(ComfyError, match="backend 'warp-drive' is not known; choose one of auto, cuda, os-lock"):
+        server.run_prompt(bad)
+    # A MODEL from another node pack that is not a ModelPatcher.
+    foreign = {"1": {"class_type": "ForeignModel", "inputs": {}},
+               "2": {"class_type": "VikingPinModel", "inputs": {"model": ["1", 0], "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0}},
+               "3": {"class_type": "VikingMemoryStatus", "inputs": {"after": ["2", 0]}}}
+    with pytest.raises(ComfyError, match="needs a ComfyUI MODEL input backed by a ModelPatcher"):
+        server.run_prompt(foreign)
+    # No GPU here: asking for CUDA explicitly says so and what to choose instead.
+    cuda = json.loads(json.dumps(api))
+    cuda[model_pin]["inputs"]["backend"] = "cuda"
+    cuda[model_pin]["inputs"]["priority"] = 1
+    with pytest.raises(ComfyError, match="Choose backend 'auto' or 'os-lock'"):
+        server.run_prompt(cuda)
+    # The queue still works.
+    assert server.run_prompt(api)["status"]["status_str"] == "success"

@@ -1,0 +1,26 @@
+// Shows the text a Viking node returns (ui.text) in the node's body. ComfyUI's stock frontend
+// draws ui.text only for its own "Preview as Text" node, so Viking adds a read-only text box.
+import { app } from "../../scripts/app.js";
+import { ComfyWidgets } from "../../scripts/widgets.js";
+
+const VIKING_NODES = ["VikingPinModel", "VikingPinCLIP", "VikingPinVAE", "VikingMemoryStatus", "VikingUnpin"];
+
+app.registerExtension({
+  name: "viking_engine.node_text",
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (!VIKING_NODES.includes(nodeData.name)) return;
+    const previous = nodeType.prototype.onExecuted;
+    nodeType.prototype.onExecuted = function (message) {
+      previous?.apply(this, arguments);
+      const text = (message?.text ?? []).join("\n");
+      let box = this.widgets?.find((w) => w.name === "viking_text");
+      if (!box) {
+        box = ComfyWidgets.STRING(this, "viking_text", ["STRING", { multiline: true }], app).widget;
+        if (box.inputEl) box.inputEl.readOnly = true;
+        box.serialize = false; // display only: not part of the saved workflow values
+      }
+      box.value = text;
+      this.setDirtyCanvas(true, true);
+    };
+  },
+});
