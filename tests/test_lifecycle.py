@@ -1,0 +1,27 @@
+"""The pins through a model's life in ComfyUI's real model management, in-process (CPU here, the
+OS-lock backend): bench/comfy_lifecycle.py checks each stage and exits non-zero on any failure.
+On a GPU machine the same script runs with the CUDA backend (see README, Measurements)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from comfy_server import COMFY_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(not (COMFY_DIR / "main.py").exists(), reason="no ComfyUI tree: run scripts/setup_env.sh")
+def test_pins_follow_load_unload_partial_load_and_drop(tmp_path):
+    out = tmp_path / "lifecycle.json"
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "comfy_lifecycle.py"), str(COMFY_DIR), str(out), "--cpu"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.exists(), run.stdout + run.stderr
+    result = json.loads(out.read_text())
+    failed = [c for c in result["checks"] if not c["ok"]]
+    assert not failed and run.returncode == 0, failed or run.stderr[-3000:]
+    assert {s["stage"] for s in result["stages"]} >= {"pinned at rest", "full load", "unloaded", "partial load", "reloaded"}
+    assert result["stages"][0]["pinned_bytes"] > 0
