@@ -20,6 +20,8 @@ def status_text(status: dict) -> str:
     for owner in status["owners"]:
         backends = ", ".join(f"{name} {human(b)}" for name, b in owner["by_backend"].items()) or "nothing pinned"
         lines.append(f"- {owner['label'] or owner['owner']}: {human(owner['pinned_bytes'])} of {human(owner['wanted_bytes'])} in RAM pinned ({backends}); priority {owner['priority']}")
+        if owner.get("resident_bytes") is not None:
+            lines.append(f"    in RAM {human(owner['resident_bytes'])}, swapped out {human(owner['swapped_bytes'])}")
         for skip in owner["skipped"]:
             lines.append(f"    skipped {human(skip['bytes'])} in {skip['count']} range(s): {skip['description']}")
         report = lifecycle.last_report(owner["owner"]) or {}
@@ -27,7 +29,15 @@ def status_text(status: dict) -> str:
             lines.append(f"    {report['standing_aside']}")
     lines.append(f"RAM: {human(memory['available_ram'])} available of {human(memory['total_ram'])}"
                  + (f" (container limit {human(memory['container_limit'])})" if memory.get("container_limit") else ""))
-    lines.append(f"Swap: {human(memory['swap_used'])} used of {human(memory['swap_total'])}")
+    paging = status["paging"]
+    swap_line = f"Swap: {human(paging['swap_used'])} used of {human(paging['swap_total'])}"
+    if paging.get("process_swapped_bytes") is not None:
+        swap_line += f"; this process {human(paging['process_swapped_bytes'])} in swap"
+    if paging.get("swapped_in_since_last_status") is not None:
+        swap_line += (f"; machine paged in {human(paging['swapped_in_since_last_status'])}, out "
+                      f"{human(paging['swapped_out_since_last_status'])} since the last status "
+                      f"({human(paging['swapped_in_since_start'])} / {human(paging['swapped_out_since_start'])} since start)")
+    lines.append(swap_line)
     cuda = status["cuda"]
     if cuda["available"]:
         device = cuda["device"]

@@ -58,6 +58,8 @@ pub struct OwnerRecord {
     pub label: String,
     pub priority: i32,
     pub wanted_bytes: u64,
+    /// The owner's ranges as last reconciled, merged (no references: only for residency).
+    pub ranges: Vec<(u64, u64)>,
     pub skipped: Vec<SkipSummary>,
 }
 
@@ -76,6 +78,9 @@ pub struct State {
     pub counters: Counters,
     pub events: Vec<String>,
     pub foreign_bytes: u64,
+    /// (pswpin, pswpout) when the engine started, and at the last status.
+    pub swaps_at_start: Option<(u64, u64)>,
+    pub swaps_at_last_status: Option<(u64, u64)>,
     cuda: Option<std::result::Result<Arc<CudaBackend>, VikingError>>,
 }
 
@@ -151,6 +156,8 @@ impl Engine {
                 counters: Counters::default(),
                 events: Vec::new(),
                 foreign_bytes: 0,
+                swaps_at_start: sys::os::swap_counters(),
+                swaps_at_last_status: sys::os::swap_counters(),
                 cuda: None,
             }),
             oslock: OsLock::new().ok().map(Arc::new),
@@ -315,7 +322,8 @@ impl Engine {
             skipped.push(SkipSummary::new("failed", "the backend refused it (see failures)", failed_bytes.iter().map(|f| f.0).sum(), failed_bytes.len()));
         }
         let pinned_bytes = state.ledger.owner_bytes(owner);
-        state.owners.insert(owner, OwnerRecord { label: request.label, priority: request.priority, wanted_bytes, skipped: skipped.clone() });
+        let ranges = merge_spans(&wanted).into_iter().map(|(start, stop)| (start, stop - start)).collect();
+        state.owners.insert(owner, OwnerRecord { label: request.label, priority: request.priority, wanted_bytes, ranges, skipped: skipped.clone() });
         budget.pinned_bytes = state.ledger.total_bytes();
         budget.room_bytes = budget.limit_bytes.saturating_sub(budget.pinned_bytes);
         Ok(Report {
@@ -397,9 +405,9 @@ fn union_bytes(ranges: &[(u64, u64)]) -> u64 {
     total
 }
 
-/// Foreign pins as planner input: merged, and without the bytes already in `ours`.
-fn disjoint_foreign(foreign: &[(u64, u64)], ours: &[Pinned]) -> Vec<Pinned> {
-    let mut spans: Vec<(u64, u64)> = foreign.iter().map(|&(a, l)| (a, a + l)).collect();
+/// The union of `[start, stop)` spans, sorted and merged.
+fn merge_spans(spans: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut spans = spans.to_vec();
     spans.sort();
     let mut merged: Vec<(u64, u64)> = Vec::new();
     for (start, stop) in spans {
@@ -408,6 +416,13 @@ fn disjoint_foreign(foreign: &[(u64, u64)], ours: &[Pinned]) -> Vec<Pinned> {
             _ => merged.push((start, stop)),
         }
     }
+    merged
+}
+
+/// Foreign pins as planner input: merged, and without the bytes already in `ours`.
+fn disjoint_foreign(foreign: &[(u64, u64)], ours: &[Pinned]) -> Vec<Pinned> {
+    let spans: Vec<(u64, u64)> = foreign.iter().map(|&(a, l)| (a, a + l)).collect();
+    let merged = merge_spans(&spans);
     let mut ours_sorted: Vec<(u64, u64)> = ours.iter().map(|p| (p.addr, p.addr + p.len)).collect();
     ours_sorted.sort();
     let mut out = Vec::new();
@@ -477,6 +492,11 @@ mod tests {
         let other = engine.reconcile(request(2, 0, vec![(a, 8 * MIB as u64, keep_a.clone())])).unwrap();
         assert_eq!(other.newly_pinned_bytes, 0);
         assert_eq!(other.skipped[0].reason, "pinned_for_another_model");
+        // The status sees the pinned pages in RAM, none in swap.
+        let status = engine.status(false);
+        let owner = status.owners.iter().find(|o| o.owner == 1).unwrap();
+        assert_eq!((owner.resident_bytes, owner.swapped_bytes, owner.pinned_swapped_bytes), (Some(8 * MIB as u64), Some(0), Some(0)));
+        assert!(status.paging.swapped_in_since_start.is_some());
         assert_eq!(engine.release_owner(1), 8 * MIB as u64);
         assert!(locked_kib() <= before + 8); // back where it was (a page of slack)
         assert_eq!(engine.release_all(), 0);

@@ -123,6 +123,12 @@ pub fn classify(mappings: &[Mapping], addr: u64, len: u64) -> MemoryKind {
     worst
 }
 
+/// Counts the pages of a slice of /proc/PID/pagemap entries: (present in RAM, swapped out).
+/// Bit 63 of an entry: page present; bit 62: page swapped (Documentation/admin-guide/mm/pagemap).
+pub fn count_pagemap(entries: &[u64]) -> (u64, u64) {
+    entries.iter().fold((0, 0), |(present, swapped), &e| (present + (e >> 63), swapped + ((e >> 62) & 1)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +174,13 @@ mod tests {
         for line in ["", "garbage", "zz-10 rw-p 0 0 0", "10-5 rw-p 0 00:00 0", "10-20 rw 0 00:00 0", "10-20 rw-p 0 00:00 x"] {
             assert_eq!(parse_line(line), None, "{line:?}");
         }
+    }
+
+    #[test]
+    fn pagemap_bits() {
+        let present = 1u64 << 63;
+        let swapped = 1u64 << 62;
+        assert_eq!(count_pagemap(&[present | 0x1234, swapped | 7, 0, present]), (2, 1));
     }
 
     proptest! {

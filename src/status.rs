@@ -9,6 +9,7 @@ use crate::backend;
 use crate::budget::{self, Budget, MemorySnapshot, Policy};
 use crate::engine::{memory_snapshot, Counters, Engine};
 use crate::plan::{SkipReason, Skipped};
+use crate::sys;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SkipSummary {
@@ -51,6 +52,25 @@ pub struct OwnerStatus {
     pub regions: usize,
     pub by_backend: BTreeMap<&'static str, u64>,
     pub skipped: Vec<SkipSummary>,
+    /// Of the owner's bytes (pinned or not): in RAM now, and swapped out (Linux pagemap).
+    pub resident_bytes: Option<u64>,
+    pub swapped_bytes: Option<u64>,
+    /// Of the bytes Viking pinned: swapped out (should always be 0: that is the point).
+    pub pinned_swapped_bytes: Option<u64>,
+}
+
+/// Paging seen by the OS: what the swap guard is about.
+#[derive(Debug, Clone, Serialize)]
+pub struct Paging {
+    pub swap_total: u64,
+    pub swap_used: u64,
+    /// This process's memory in swap now (VmSwap).
+    pub process_swapped_bytes: Option<u64>,
+    /// Bytes swapped in / out by the whole machine since Viking started, and since the last status.
+    pub swapped_in_since_start: Option<u64>,
+    pub swapped_out_since_start: Option<u64>,
+    pub swapped_in_since_last_status: Option<u64>,
+    pub swapped_out_since_last_status: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -74,6 +94,7 @@ pub struct Status {
     pub owners: Vec<OwnerStatus>,
     pub cuda: CudaStatus,
     pub os_lock_available: bool,
+    pub paging: Paging,
     pub counters: Counters,
     pub release_failures: u64,
     pub last_release_error: Option<String>,
@@ -118,6 +139,9 @@ impl Engine {
                     regions: 0,
                     by_backend: BTreeMap::new(),
                     skipped: record.skipped.clone(),
+                    resident_bytes: None,
+                    swapped_bytes: None,
+                    pinned_swapped_bytes: None,
                 },
             );
         }
@@ -131,14 +155,50 @@ impl Engine {
                 regions: 0,
                 by_backend: BTreeMap::new(),
                 skipped: Vec::new(),
+                resident_bytes: None,
+                swapped_bytes: None,
+                pinned_swapped_bytes: None,
             });
             entry.pinned_bytes += bytes;
             entry.regions += count;
             *entry.by_backend.entry(backend_kind.name()).or_default() += bytes;
         }
 
+        for (owner, record) in &state.owners {
+            let counts: Option<Vec<(u64, u64)>> = record.ranges.iter().map(|&(addr, len)| sys::os::residency(addr, len)).collect();
+            if let (Some(counts), Some(entry)) = (counts, owners.get_mut(owner)) {
+                entry.resident_bytes = Some(counts.iter().map(|c| c.0).sum());
+                entry.swapped_bytes = Some(counts.iter().map(|c| c.1).sum());
+            }
+        }
+
+        for entry in state.ledger.entries() {
+            let swapped = sys::os::residency(entry.addr(), entry.len()).map(|(_, swapped)| swapped);
+            if let Some(owner) = owners.get_mut(&entry.owner) {
+                owner.pinned_swapped_bytes = match (owner.pinned_swapped_bytes, swapped) {
+                    (_, None) => None,
+                    (total, Some(bytes)) => Some(total.unwrap_or(0) + bytes),
+                };
+            }
+        }
+
         let pinned_bytes = state.ledger.total_bytes();
         let memory = memory_snapshot(pinned_bytes, state.foreign_bytes);
+        let swaps_now = sys::os::swap_counters();
+        let page = sys::os::page_size();
+        let delta = |then: Option<(u64, u64)>, pick: fn((u64, u64)) -> u64| -> Option<u64> {
+            Some(pick(swaps_now?).saturating_sub(pick(then?)) * page)
+        };
+        let paging = Paging {
+            swap_total: memory.swap_total,
+            swap_used: memory.swap_used,
+            process_swapped_bytes: sys::os::self_status_bytes("VmSwap"),
+            swapped_in_since_start: delta(state.swaps_at_start, |c| c.0),
+            swapped_out_since_start: delta(state.swaps_at_start, |c| c.1),
+            swapped_in_since_last_status: delta(state.swaps_at_last_status, |c| c.0),
+            swapped_out_since_last_status: delta(state.swaps_at_last_status, |c| c.1),
+        };
+        state.swaps_at_last_status = swaps_now;
         let (release_failures, last_release_error) = backend::release_failures();
         Status {
             version: env!("CARGO_PKG_VERSION"),
@@ -150,6 +210,7 @@ impl Engine {
             owners: owners.into_values().collect(),
             cuda,
             os_lock_available,
+            paging,
             counters: state.counters,
             release_failures,
             last_release_error,

@@ -344,3 +344,16 @@ def api_prompt_from_ui_workflow(ui, object_info):
         prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs,
                                    "_meta": {"title": node.get("title", node["type"])}}
     return prompt
+
+
+def without_viking(api):
+    """The same graph with every Viking node taken out and its inputs wired straight through."""
+    viking = {k for k, v in api.items() if v["class_type"].startswith("Viking")}
+    graph = {k: json.loads(json.dumps(v)) for k, v in api.items() if k not in viking}
+    for node in graph.values():
+        for name, value in node["inputs"].items():
+            while isinstance(value, list) and value[0] in viking:
+                pin = api[value[0]]
+                value = next(v for v in pin["inputs"].values() if isinstance(v, list))
+            node["inputs"][name] = value
+    return graph

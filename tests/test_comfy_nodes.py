@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from comfy_server import (COMFY_DIR, ComfyError, ComfyServer, api_prompt_from_ui_workflow,
-                          cached_checkpoint, prepare_base_dir)
+                          cached_checkpoint, prepare_base_dir, without_viking)
 from memory_probe import locked_bytes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,19 +43,6 @@ def wait_for(condition, timeout=20.0):
             return True
         time.sleep(0.2)
     return condition()
-
-
-def without_viking(api):
-    """The same graph with every Viking node taken out and its inputs wired straight through."""
-    viking = {k for k, v in api.items() if v["class_type"].startswith("Viking")}
-    graph = {k: json.loads(json.dumps(v)) for k, v in api.items() if k not in viking}
-    for node in graph.values():
-        for name, value in node["inputs"].items():
-            while isinstance(value, list) and value[0] in viking:
-                pin = api[value[0]]
-                value = next(v for v in pin["inputs"].values() if isinstance(v, list))
-            node["inputs"][name] = value
-    return graph
 
 
 def without_node(api, node_id):
