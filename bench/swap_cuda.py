@@ -19,7 +19,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench"), str(REPO / "tests")]
 from comfy_node.native import require  # noqa: E402
 from comfy_node.weights import cpu_storage_ranges  # noqa: E402
 from memory_probe import status_kib  # noqa: E402
-from swap_pressure import MADV_PAGEOUT, swap_counters, temporary_swap  # noqa: E402
+from swap_pressure import MADV_PAGEOUT, SwapUnavailable, swap_counters, temporary_swap  # noqa: E402
 
 native = require()
 libc = ctypes.CDLL(None, use_errno=True)
@@ -66,8 +66,12 @@ def case(name, register):
 if __name__ == "__main__":
     torch.cuda.init()
     native.configure(headroom_gib=1.0)
-    with temporary_swap(REPO / ".comfy" / "swapfile", 4096):
-        rows = [case("pageable", register=False), case("viking cuda", register=True)]
+    try:
+        with temporary_swap(REPO / ".comfy" / "swapfile", 4096):
+            rows = [case("pageable", register=False), case("viking cuda", register=True)]
+    except SwapUnavailable as reason:
+        rows = [dict(skipped=str(reason))]
+        print(f"skipped: {reason}")
     result = dict(bench="swap_cuda", date=time.strftime("%Y-%m-%d"), device=torch.cuda.get_device_name(),
                   driver=os.popen("nvidia-smi --query-gpu=driver_version --format=csv,noheader").read().strip(),
                   kernel=os.uname().release, cases=rows)
