@@ -59,6 +59,7 @@ def run_case(mode, comfy_dir, depth, vram_gib, reps):
     config = comfy.supported_models.Flux(cfg)
     config.set_inference_dtype(torch.bfloat16, None)
     model = config.get_model({}, "")
+    torch.manual_seed(0)  # the same step inputs in every case, so outputs compare bit for bit
     # Cheap deterministic values (a random fill of 24 GB takes a minute per case).
     with torch.no_grad():
         for index, p in enumerate(model.parameters()):
@@ -146,6 +147,11 @@ def pin_figures(torch, native, params, reps, cpu_storage_ranges):
     def copies():
         return [p.pin_memory() for p in params]
 
+    def drop_cached_host_blocks():
+        # PyTorch caches freed pinned blocks: without this, later repetitions only memcpy.
+        torch.cuda.synchronize()
+        torch._C._host_emptyCache()
+
     rows = {"viking": [], "per_tensor": [], "pin_memory": []}
     for _ in range(reps):
         seconds, peak, _ = peak_extra(viking)
@@ -160,6 +166,7 @@ def pin_figures(torch, native, params, reps, cpu_storage_ranges):
         rows["per_tensor"].append(dict(seconds=seconds, peak_extra_bytes=peak, pinned_bytes=total, release_s=time.perf_counter() - started))
         seconds, peak, kept = peak_extra(copies)
         del kept
+        drop_cached_host_blocks()
         rows["pin_memory"].append(dict(seconds=seconds, peak_extra_bytes=peak, pinned_bytes=total))
     pin = {}
     for method, reps_rows in rows.items():
