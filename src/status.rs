@@ -42,7 +42,7 @@ pub fn summarize_skips(skipped: &[Skipped]) -> Vec<SkipSummary> {
         .collect()
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct OwnerStatus {
     pub owner: u64,
     pub label: String,
@@ -135,30 +135,13 @@ impl Engine {
                     label: record.label.clone(),
                     priority: record.priority,
                     wanted_bytes: record.wanted_bytes,
-                    pinned_bytes: 0,
-                    regions: 0,
-                    by_backend: BTreeMap::new(),
                     skipped: record.skipped.clone(),
-                    resident_bytes: None,
-                    swapped_bytes: None,
-                    pinned_swapped_bytes: None,
+                    ..OwnerStatus::default()
                 },
             );
         }
         for (&(owner, backend_kind), &(bytes, count)) in &totals {
-            let entry = owners.entry(owner).or_insert_with(|| OwnerStatus {
-                owner,
-                label: String::new(),
-                priority: 0,
-                wanted_bytes: 0,
-                pinned_bytes: 0,
-                regions: 0,
-                by_backend: BTreeMap::new(),
-                skipped: Vec::new(),
-                resident_bytes: None,
-                swapped_bytes: None,
-                pinned_swapped_bytes: None,
-            });
+            let entry = owners.entry(owner).or_insert_with(|| OwnerStatus { owner, ..OwnerStatus::default() });
             entry.pinned_bytes += bytes;
             entry.regions += count;
             *entry.by_backend.entry(backend_kind.name()).or_default() += bytes;
