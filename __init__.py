@@ -10,10 +10,13 @@ from .comfy_node.spec import v1_class, v3_class
 
 WEB_DIRECTORY = "./web"
 
-try:  # the HTTP routes exist only inside a running ComfyUI server
+try:  # the HTTP routes and engine mode exist only inside a running ComfyUI server
     from .comfy_node import routes as _routes  # noqa: F401
+    from .comfy_node import engine_mode as _engine_mode
 except ImportError:
-    pass
+    _engine_mode = None
+if _engine_mode is not None:
+    _engine_mode.start()
 
 try:
     from comfy_api.latest import ComfyExtension

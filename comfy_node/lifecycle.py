@@ -31,7 +31,7 @@ log = logging.getLogger("viking_engine")
 class PinSettings:
     label: str
     budget_gib: float = 0.0  # at most this much of this model; 0: as the shared budget allows
-    headroom_gib: float = 0.0  # shared: RAM kept un-pinned; 0: auto
+    headroom_gib: float | None = 0.0  # shared: RAM kept un-pinned; 0: auto; None: leave as set
     backend: str = "auto"
     priority: int = 0
     node_id: str = ""
@@ -170,7 +170,8 @@ def attach(patcher, settings: PinSettings) -> dict | None:
     """Makes `patcher` (and clones made from it later) keep its model's weights pinned."""
     import comfy.patcher_extension as ext
 
-    require().configure(headroom_gib=settings.headroom_gib if settings.headroom_gib > 0 else -1.0)
+    if settings.headroom_gib is not None:
+        require().configure(headroom_gib=settings.headroom_gib if settings.headroom_gib > 0 else -1.0)
     owner = owner_of(patcher)
     _settings[owner] = settings
     for event in (ext.CallbacksMP.ON_LOAD, ext.CallbacksMP.ON_DETACH, ext.CallbacksMP.ON_CLEANUP, ext.CallbacksMP.ON_INJECT_MODEL):

@@ -1,12 +1,35 @@
 """HTTP routes on ComfyUI's own server (imported only inside ComfyUI)."""
 
 import json
+import os
 
 from aiohttp import web
 from server import PromptServer
 
+from . import engine_mode
 from .native import native, INSTALL_HINT
 from .report import status_text
+
+
+def _foreign_origin(request) -> bool:
+    """A browser page from another site may not change Viking's state: its Origin must be this
+    server's own host (a missing Origin means a non-browser client such as curl or a script)."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return False
+    return origin.split("://", 1)[-1].rstrip("/") != request.host
+
+
+async def _json_body(request):
+    if request.content_type != "application/json":
+        raise web.HTTPBadRequest(text=json.dumps({"error": "send a JSON body with Content-Type: application/json"}), content_type="application/json")
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text=json.dumps({"error": "the body is not valid JSON"}), content_type="application/json")
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text=json.dumps({"error": "the body must be a JSON object"}), content_type="application/json")
+    return body
 
 
 @PromptServer.instance.routes.get("/viking/status")
@@ -17,3 +40,21 @@ async def viking_status(request):
     status = json.loads(native.status_json(probe_cuda=request.query.get("probe_cuda") == "1"))
     status["text"] = status_text(status)
     return web.json_response(status)
+
+
+@PromptServer.instance.routes.get("/viking/engine")
+async def viking_engine_get(request):
+    return web.json_response({"engine_mode": engine_mode.enabled()})
+
+
+@PromptServer.instance.routes.post("/viking/engine")
+async def viking_engine_set(request):
+    """{"enabled": true|false}: engine mode on or off (the settings dialog calls this)."""
+    if _foreign_origin(request):
+        return web.json_response({"error": "requests from another origin may not change Viking's state"}, status=403)
+    body = await _json_body(request)
+    if engine_mode.ENV in os.environ:
+        return web.json_response({"engine_mode": engine_mode.enabled(), "error": f"engine mode is fixed by {engine_mode.ENV} for this server"}, status=409)
+    if not isinstance(body.get("enabled"), bool):
+        return web.json_response({"error": 'give {"enabled": true} or {"enabled": false}'}, status=400)
+    return web.json_response(engine_mode.set_enabled(body["enabled"]))

@@ -357,3 +357,12 @@ def without_viking(api):
                 value = next(v for v in pin["inputs"].values() if isinstance(v, list))
             node["inputs"][name] = value
     return graph
+
+
+def wait_for(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from comfy_server import (COMFY_DIR, ComfyError, ComfyServer, api_prompt_from_ui_workflow,
-                          cached_checkpoint, prepare_base_dir, without_viking)
+                          cached_checkpoint, prepare_base_dir, wait_for, without_viking)
 from memory_probe import locked_bytes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,15 +34,6 @@ def pixels(server, entry):
 
 def status(server):
     return server.get("/viking/status")
-
-
-def wait_for(condition, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
 
 
 def without_node(api, node_id):

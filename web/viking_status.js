@@ -7,6 +7,22 @@ const VIKING_NODES = ["VikingPinModel", "VikingPinCLIP", "VikingPinVAE", "Viking
 
 app.registerExtension({
   name: "viking_engine.node_text",
+  settings: [
+    {
+      id: "Viking.EngineMode",
+      category: ["Viking Engine", "Engine mode", "Pin every model"],
+      name: "Pin every model ComfyUI loads (engine mode), without Viking nodes in the graph",
+      type: "boolean",
+      defaultValue: false,
+      // Called at start with the saved value too, so the server follows the UI setting.
+      onChange: (enabled) =>
+        fetch("/viking/engine", {
+          method: "POST",
+          headers: { "Content-Type": "application/json" },
+          body: JSON.stringify({ enabled: Boolean(enabled) }),
+        }).catch(() => {}),
+    },
+  ],
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!VIKING_NODES.includes(nodeData.name)) return;
     const previous = nodeType.prototype.onExecuted;
