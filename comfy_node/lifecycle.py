@@ -198,14 +198,20 @@ def _forget(owner: int):
 def unpin(patcher=None) -> int:
     """Releases one model's pins (its callbacks then do nothing), or every pin. Returns bytes."""
     global _unpin_count
+    if patcher is not None:
+        return unpin_owner(owner_of(patcher))
     _unpin_count += 1
-    native = require()
     _wait_for_copies()
-    if patcher is None:
-        _settings.clear()
-        _last_reports.clear()
-        return native.release_all()
-    owner = owner_of(patcher)
+    _settings.clear()
+    _last_reports.clear()
+    return require().release_all()
+
+
+def unpin_owner(owner: int) -> int:
+    """Releases the pins of one owner (a model), known by its id in the status."""
+    global _unpin_count
+    _unpin_count += 1
+    _wait_for_copies()
     _settings.pop(owner, None)
     _last_reports.pop(owner, None)
-    return native.release(owner)
+    return require().release(owner)

@@ -85,7 +85,7 @@ def _pin_text(report: dict, notes: list[str]) -> str:
 
 
 def _status(node_id: str, after=None) -> Result:
-    status = json.loads(require().status_json(probe_cuda=True))
+    status = json.loads(require().status_json(probe_cuda=True, mark_run=True))
     text = status_text(status)
     return Result((text, json.dumps(status)), text)
 

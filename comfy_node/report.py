@@ -33,9 +33,9 @@ def status_text(status: dict) -> str:
     swap_line = f"Swap: {human(paging['swap_used'])} used of {human(paging['swap_total'])}"
     if paging.get("process_swapped_bytes") is not None:
         swap_line += f"; this process {human(paging['process_swapped_bytes'])} in swap"
-    if paging.get("swapped_in_since_last_status") is not None:
-        swap_line += (f"; machine paged in {human(paging['swapped_in_since_last_status'])}, out "
-                      f"{human(paging['swapped_out_since_last_status'])} since the last status "
+    if paging.get("swapped_in_since_last_run") is not None:
+        swap_line += (f"; machine paged in {human(paging['swapped_in_since_last_run'])}, out "
+                      f"{human(paging['swapped_out_since_last_run'])} since the last status run "
                       f"({human(paging['swapped_in_since_start'])} / {human(paging['swapped_out_since_start'])} since start)")
     lines.append(swap_line)
     cuda = status["cuda"]

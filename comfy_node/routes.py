@@ -6,7 +6,7 @@ import os
 from aiohttp import web
 from server import PromptServer
 
-from . import engine_mode
+from . import engine_mode, lifecycle
 from .native import native, INSTALL_HINT
 from .report import status_text
 
@@ -35,11 +35,32 @@ async def _json_body(request):
 @PromptServer.instance.routes.get("/viking/status")
 async def viking_status(request):
     """The status JSON (what the status node shows), plus its text form under "text"."""
+    if _foreign_origin(request):
+        return web.json_response({"error": "requests from another origin may not read Viking's state"}, status=403)
     if native is None:
         return web.json_response({"error": INSTALL_HINT}, status=503)
     status = json.loads(native.status_json(probe_cuda=request.query.get("probe_cuda") == "1"))
     status["text"] = status_text(status)
     return web.json_response(status)
+
+
+@PromptServer.instance.routes.post("/viking/unpin")
+async def viking_unpin(request):
+    """{"owner": <id from the status>} releases one model's pins; {"all": true} every pin."""
+    if _foreign_origin(request):
+        return web.json_response({"error": "requests from another origin may not change Viking's state"}, status=403)
+    if native is None:
+        return web.json_response({"error": INSTALL_HINT}, status=503)
+    body = await _json_body(request)
+    if body.get("all") is True:
+        return web.json_response({"released_bytes": lifecycle.unpin(None)})
+    owner = body.get("owner")
+    if isinstance(owner, bool) or not isinstance(owner, int) or owner < 0:
+        return web.json_response({"error": 'give {"owner": <an owner id from /viking/status>} or {"all": true}'}, status=400)
+    known = {o["owner"] for o in json.loads(native.status_json())["owners"]}
+    if owner not in known:
+        return web.json_response({"error": f"no pinned model has owner id {owner}; see /viking/status"}, status=404)
+    return web.json_response({"released_bytes": lifecycle.unpin_owner(owner)})
 
 
 @PromptServer.instance.routes.get("/viking/engine")

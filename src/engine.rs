@@ -78,9 +78,9 @@ pub struct State {
     pub counters: Counters,
     pub events: Vec<String>,
     pub foreign_bytes: u64,
-    /// (pswpin, pswpout) when the engine started, and at the last status.
+    /// (pswpin, pswpout) when the engine started, and at the last marked status.
     pub swaps_at_start: Option<(u64, u64)>,
-    pub swaps_at_last_status: Option<(u64, u64)>,
+    pub swaps_at_last_run: Option<(u64, u64)>,
     cuda: Option<std::result::Result<Arc<CudaBackend>, VikingError>>,
 }
 
@@ -157,7 +157,7 @@ impl Engine {
                 events: Vec::new(),
                 foreign_bytes: 0,
                 swaps_at_start: sys::os::swap_counters(),
-                swaps_at_last_status: sys::os::swap_counters(),
+                swaps_at_last_run: sys::os::swap_counters(),
                 cuda: None,
             }),
             oslock: OsLock::new().ok().map(Arc::new),
@@ -493,7 +493,7 @@ mod tests {
         assert_eq!(other.newly_pinned_bytes, 0);
         assert_eq!(other.skipped[0].reason, "pinned_for_another_model");
         // The status sees the pinned pages in RAM, none in swap.
-        let status = engine.status(false);
+        let status = engine.status(false, false);
         let owner = status.owners.iter().find(|o| o.owner == 1).unwrap();
         assert_eq!((owner.resident_bytes, owner.swapped_bytes, owner.pinned_swapped_bytes), (Some(8 * MIB as u64), Some(0), Some(0)));
         assert!(status.paging.swapped_in_since_start.is_some());

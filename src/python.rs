@@ -122,11 +122,12 @@ fn release_all(py: Python<'_>) -> PyResult<u64> {
     guarded(py, || Ok(engine().release_all()))
 }
 
-/// The status snapshot as JSON. probe_cuda: open the CUDA device to describe it.
+/// The status snapshot as JSON. probe_cuda: open the CUDA device to describe it. mark_run:
+/// start a new "since the last run" period for the paging counters (the status node does).
 #[pyfunction]
-#[pyo3(signature = (probe_cuda = false))]
-fn status_json(py: Python<'_>, probe_cuda: bool) -> PyResult<String> {
-    guarded(py, || to_json(&engine().status(probe_cuda)))
+#[pyo3(signature = (probe_cuda = false, mark_run = false))]
+fn status_json(py: Python<'_>, probe_cuda: bool, mark_run: bool) -> PyResult<String> {
+    guarded(py, || to_json(&engine().status(probe_cuda, mark_run)))
 }
 
 /// Number of CUDA devices (0 without a driver or GPU). Never raises.

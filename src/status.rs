@@ -66,11 +66,12 @@ pub struct Paging {
     pub swap_used: u64,
     /// This process's memory in swap now (VmSwap).
     pub process_swapped_bytes: Option<u64>,
-    /// Bytes swapped in / out by the whole machine since Viking started, and since the last status.
+    /// Bytes swapped in / out by the whole machine since Viking started, and since the last
+    /// marked status (the status node marks one per run; the panel's polls do not).
     pub swapped_in_since_start: Option<u64>,
     pub swapped_out_since_start: Option<u64>,
-    pub swapped_in_since_last_status: Option<u64>,
-    pub swapped_out_since_last_status: Option<u64>,
+    pub swapped_in_since_last_run: Option<u64>,
+    pub swapped_out_since_last_run: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -103,8 +104,9 @@ pub struct Status {
 
 impl Engine {
     /// A fresh snapshot. `probe_cuda`: open the CUDA backend if it is not yet open (to report
-    /// the device); otherwise CUDA is described only once something used it.
-    pub fn status(&self, probe_cuda: bool) -> Status {
+    /// the device); otherwise CUDA is described only once something used it. `mark_run`: start
+    /// a new "since the last run" period for the paging counters.
+    pub fn status(&self, probe_cuda: bool, mark_run: bool) -> Status {
         let os_lock_available = self.oslock().is_some();
         let mut state = self.lock();
         let cuda = if probe_cuda || state.cuda_opened() {
@@ -178,10 +180,12 @@ impl Engine {
             process_swapped_bytes: sys::os::self_status_bytes("VmSwap"),
             swapped_in_since_start: delta(state.swaps_at_start, |c| c.0),
             swapped_out_since_start: delta(state.swaps_at_start, |c| c.1),
-            swapped_in_since_last_status: delta(state.swaps_at_last_status, |c| c.0),
-            swapped_out_since_last_status: delta(state.swaps_at_last_status, |c| c.1),
+            swapped_in_since_last_run: delta(state.swaps_at_last_run, |c| c.0),
+            swapped_out_since_last_run: delta(state.swaps_at_last_run, |c| c.1),
         };
-        state.swaps_at_last_status = swaps_now;
+        if mark_run {
+            state.swaps_at_last_run = swaps_now;
+        }
         let (release_failures, last_release_error) = backend::release_failures();
         Status {
             version: env!("CARGO_PKG_VERSION"),

@@ -1,0 +1,86 @@
+"""The web UI in a real headless Chromium (Debian's, driven by playwright): the memory panel shows
+the pinned model, the status node shows its text in the node body, and the HTTP API refuses
+other origins and bad bodies. Saves a screenshot to bench/results/ui_panel.png."""
+
+import json
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+
+from comfy_server import COMFY_DIR, REPO_ROOT, ComfyServer, cached_checkpoint, prepare_base_dir
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SCREENSHOT = REPO_ROOT / "bench" / "results" / "ui_panel.png"
+BROWSER_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1600,1000"]
+
+pytestmark = pytest.mark.skipif(not (COMFY_DIR / "main.py").exists(), reason="no ComfyUI tree: run scripts/setup_env.sh")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = prepare_base_dir(tmp_path_factory.mktemp("web"), checkpoint=cached_checkpoint(), custom_nodes={"viking_engine": REPO_ROOT})
+    with ComfyServer(base) as srv:
+        yield srv
+
+
+def request(server, method, path, body=None, headers=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(server.url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as answer:
+            text = answer.read()
+            return answer.status, json.loads(text) if text.strip() else None
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def test_http_api_guards_its_state(server):
+    evil = {"Origin": "http://evil.example"}
+    assert request(server, "GET", "/viking/status", headers=evil)[0] == 403
+    assert request(server, "POST", "/viking/unpin", {"all": True}, headers=evil)[0] == 403
+    code, answer = request(server, "POST", "/viking/unpin", raw=b"{not json")
+    assert code == 400 and "not valid JSON" in answer["error"]
+    code, answer = request(server, "POST", "/viking/unpin", {"owner": "model"})
+    assert code == 400 and "owner id" in answer["error"]
+    assert request(server, "POST", "/viking/unpin", {"owner": 12345})[0] == 404
+    code, answer = request(server, "POST", "/viking/unpin", raw=b"all", headers={"Content-Type": "text/plain"})
+    assert code == 400 and "Content-Type: application/json" in answer["error"]
+    assert request(server, "GET", "/viking/status", headers={"Origin": server.url})[0] == 200
+    assert request(server, "GET", "/api/viking/status")[0] == 200
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+def test_panel_shows_the_pinned_model_in_a_real_browser(server):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    workflow = json.loads((REPO_ROOT / "workflows" / "viking_pin_checkpoint.json").read_text())
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            # A returning user: no first-run templates dialog over the graph.
+            request(server, "POST", "/settings/Comfy.TutorialCompleted", True)
+            page.goto(server.url)
+            page.wait_for_selector("#viking-panel .viking-title", timeout=60_000)
+            # Run the example workflow the way a user does: load it into the graph, queue it.
+            page.wait_for_function("window.app && window.app.graph", timeout=60_000)
+            page.evaluate("wf => window.app.loadGraphData(wf)", workflow)
+            page.evaluate("() => window.app.queuePrompt(0, 1)")
+            model_row = page.wait_for_selector("#viking-panel .viking-owner[data-label^='MODEL']", timeout=120_000)
+            assert int(model_row.get_attribute("data-pinned-bytes")) > 50e6
+            page.wait_for_function(
+                "() => window.app.graph._nodes.some(n => n.type === 'VikingMemoryStatus' && "
+                "(n.widgets || []).some(w => w.name === 'viking_text' && String(w.value).includes('pinned')))",
+                timeout=120_000)
+            panel_text = page.inner_text("#viking-panel")
+            assert "Budget" in panel_text and "RAM" in panel_text and "Swap" in panel_text
+            labels = page.eval_on_selector_all("#viking-panel .viking-owner", "rows => rows.map(r => r.dataset.label)")
+            assert {label.split()[0] for label in labels} == {"MODEL", "CLIP", "VAE"}
+            page.wait_for_timeout(500)
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT))
+        finally:
+            browser.close()

@@ -1,0 +1,94 @@
+// Viking Engine's live memory panel: RAM, swap (and its rate), what is pinned per model and
+// backend, the budget and what bounds it, and VRAM. Polls GET /viking/status: every second
+// while a prompt runs, every five seconds otherwise, never while the tab is hidden.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+
+function human(bytes) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = bytes ?? 0;
+  let unit = 0;
+  while (Math.abs(value) >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return unit === 0 ? `${value} B` : `${value.toFixed(1)} ${units[unit]}`;
+}
+
+function row(panel, className, text) {
+  const line = document.createElement("div");
+  line.className = className;
+  line.textContent = text;
+  panel.appendChild(line);
+  return line;
+}
+
+app.registerExtension({
+  name: "viking_engine.panel",
+  async setup() {
+    const panel = document.createElement("div");
+    panel.id = "viking-panel";
+    panel.title = "Viking Engine memory panel";
+    Object.assign(panel.style, {
+      position: "fixed", right: "12px", bottom: "12px", zIndex: 10000, maxWidth: "460px",
+      background: "rgba(18, 22, 30, 0.92)", color: "#d8dee9", border: "1px solid #4c566a",
+      borderRadius: "6px", padding: "6px 10px", font: "12px/1.45 monospace", whiteSpace: "pre-wrap",
+      pointerEvents: "none",
+    });
+    document.body.appendChild(panel);
+
+    let previous = null; // {time, in, out} for the swap rate
+    let running = false;
+    let timer = null;
+
+    function render(status) {
+      panel.replaceChildren();
+      const memory = status.memory;
+      const paging = status.paging;
+      row(panel, "viking-title", `Viking Engine ${status.version}: ${human(status.pinned_bytes)} pinned`);
+      row(panel, "viking-ram", `RAM ${human(memory.total_ram - memory.available_ram)} used, ${human(memory.available_ram)} available`);
+      const now = performance.now();
+      let rate = "";
+      if (previous && paging.swapped_in_since_start != null) {
+        const seconds = (now - previous.time) / 1000;
+        const inRate = (paging.swapped_in_since_start - previous.in) / seconds;
+        const outRate = (paging.swapped_out_since_start - previous.out) / seconds;
+        rate = `, in ${human(Math.max(0, inRate))}/s, out ${human(Math.max(0, outRate))}/s`;
+      }
+      previous = { time: now, in: paging.swapped_in_since_start ?? 0, out: paging.swapped_out_since_start ?? 0 };
+      row(panel, "viking-swap", `Swap ${human(paging.swap_used)} of ${human(paging.swap_total)}${rate}`);
+      for (const owner of status.owners) {
+        const backends = Object.entries(owner.by_backend).map(([name, bytes]) => `${name} ${human(bytes)}`).join(", ") || "none";
+        const swapped = owner.swapped_bytes ? `, ${human(owner.swapped_bytes)} swapped` : "";
+        const line = row(panel, "viking-owner", `  ${owner.label || owner.owner}: ${human(owner.pinned_bytes)} pinned (${backends})${swapped}`);
+        line.dataset.owner = String(owner.owner);
+        line.dataset.pinnedBytes = String(owner.pinned_bytes);
+        line.dataset.label = owner.label;
+      }
+      row(panel, "viking-budget", `Budget ${human(status.budget.limit_bytes)}: ${status.budget.reason}`);
+      const cuda = status.cuda;
+      row(panel, "viking-vram", cuda.available
+        ? `VRAM ${human(cuda.total_bytes - cuda.free_bytes)} used of ${human(cuda.total_bytes)} (${cuda.device.name})`
+        : "VRAM: no CUDA device in use");
+    }
+
+    async function refresh() {
+      if (!document.hidden) {
+        try {
+          const answer = await api.fetchApi("/viking/status");
+          if (answer.ok) render(await answer.json());
+          else panel.textContent = `Viking: status unavailable (${answer.status})`;
+        } catch (error) {
+          panel.textContent = "Viking: status unavailable";
+        }
+      }
+      clearTimeout(timer);
+      timer = setTimeout(refresh, running ? 1000 : 5000);
+    }
+
+    api.addEventListener("execution_start", () => { running = true; refresh(); });
+    api.addEventListener("executing", ({ detail }) => { if (detail == null) { running = false; refresh(); } });
+    api.addEventListener("execution_success", () => { running = false; refresh(); });
+    refresh();
+  },
+});
