@@ -6,5 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh all
 echo "[test] cargo test"
 cargo test --no-default-features --quiet
+# Fuzzing: the planner, the budget and the /proc/self/maps parser under many more property-test
+# cases, bounded in time.
+echo "[test] property-test fuzz run (VIKING_FUZZ_CASES=200000, at most 300 s)"
+VIKING_FUZZ_CASES=200000 timeout 300 cargo test --no-default-features --release --quiet -- prop parser plan_invariants budget_never
 echo "[test] pytest"
 .venv/bin/python -m pytest "$@"

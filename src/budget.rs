@@ -328,6 +328,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(crate::fuzz_cases()))]
         #[test]
         fn budget_never_exceeds_any_term_nor_usable_ram(
             total in 1u64..(1 << 42), avail_frac in 0.0f64..1.0, us in 0u64..(1 << 40), others in 0u64..(1 << 40),

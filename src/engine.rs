@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::Serialize;
 
 use crate::backend::cuda::{self, CudaBackend};
+use crate::backend::faults::{FaultState, Faults, Faulty};
 use crate::backend::oslock::OsLock;
 use crate::backend::{Backend, BackendChoice, BackendKind, Registration};
 use crate::budget::{self, Budget, MemorySnapshot, Os, Policy};
@@ -116,6 +117,7 @@ impl State {
 pub struct Engine {
     state: Mutex<State>,
     oslock: Option<Arc<OsLock>>,
+    faults: Arc<FaultState>,
 }
 
 /// The memory figures of this machine now, with our own and others' pinned bytes.
@@ -161,7 +163,60 @@ impl Engine {
                 cuda: None,
             }),
             oslock: OsLock::new().ok().map(Arc::new),
+            faults: Arc::new(FaultState::default()),
         }
+    }
+
+    /// Test-only: makes later pins and unpins fail on purpose (see backend/faults.rs).
+    pub fn set_faults(&self, faults: Faults) {
+        self.faults.set(faults);
+    }
+
+    /// Wraps a backend in the fault injector while faults are switched on.
+    fn maybe_faulty(&self, backend: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        if self.faults.get().any() {
+            Arc::new(Faulty { inner: backend, state: self.faults.clone() })
+        } else {
+            backend
+        }
+    }
+
+    /// Gives RAM back when available memory has fallen below the headroom while pins are held
+    /// (another process grew): releases the lowest-priority pins until the shortfall is covered.
+    /// Called by the pressure monitor; returns the bytes released.
+    pub fn relieve_pressure(&self) -> u64 {
+        let mut state = self.lock();
+        if state.ledger.total_bytes() == 0 {
+            return 0;
+        }
+        let snapshot = memory_snapshot(state.ledger.total_bytes(), state.foreign_bytes);
+        let budget = budget::compute(&snapshot, &state.policy);
+        if budget.excess_bytes == 0 {
+            return 0;
+        }
+        let taken = state.ledger.take_lowest(budget.excess_bytes, i32::MAX);
+        // A copy to the GPU may still read these pages: let it finish before unpinning.
+        for entry in &taken {
+            if entry.registration.backend() == BackendKind::Cuda {
+                entry.registration.quiesce();
+                break;
+            }
+        }
+        let mut by_owner: BTreeMap<u64, u64> = BTreeMap::new();
+        for entry in &taken {
+            *by_owner.entry(entry.owner).or_default() += entry.len();
+        }
+        let released = state.release(taken);
+        for (owner, bytes) in by_owner {
+            let label = state.owners.get(&owner).map(|r| r.label.clone()).unwrap_or_default();
+            state.event(format!(
+                "memory pressure: released {} of '{label}' ({} available, below the {} headroom)",
+                budget::gib(bytes),
+                budget::gib(snapshot.available_ram),
+                budget::gib(budget.headroom_bytes)
+            ));
+        }
+        released
     }
 
     pub fn lock(&self) -> MutexGuard<'_, State> {
@@ -206,15 +261,16 @@ impl Engine {
                 reason: "page locking is not implemented for this OS yet".into(),
             })
         };
-        match choice {
+        let backend = match choice {
             BackendChoice::OsLock => oslock(),
             BackendChoice::Cuda => state.cuda().map(|b| b as Arc<dyn Backend>),
             BackendChoice::Auto => match state.cuda() {
-                Ok(cuda) => Ok(cuda),
+                Ok(cuda) => Ok(cuda as Arc<dyn Backend>),
                 Err(VikingError::BackendUnavailable { .. }) => oslock(),
                 Err(other) => Err(other),
             },
-        }
+        }?;
+        Ok(self.maybe_faulty(backend))
     }
 
     /// Makes the owner's pins match `request.ranges`: releases what is no longer wanted, pins
@@ -229,7 +285,7 @@ impl Engine {
         let primary = self.backend_for(&mut state, request.backend)?;
         // Memory CUDA must not take (read-only mappings) goes to the OS lock in auto mode.
         let fallback = match (request.backend, primary.kind()) {
-            (BackendChoice::Auto, BackendKind::Cuda) => self.oslock.clone().map(|b| b as Arc<dyn Backend>),
+            (BackendChoice::Auto, BackendKind::Cuda) => self.oslock.clone().map(|b| self.maybe_faulty(b)),
             _ => None,
         };
         let owner = request.owner;
@@ -516,6 +572,43 @@ mod tests {
         assert_eq!(high.evicted, vec![(10, 8 * MIB as u64)]);
         assert!(engine.lock().events.iter().any(|e| e.contains("model 10")));
         engine.release_all();
+    }
+
+    #[test]
+    fn injected_faults_leave_a_consistent_ledger() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let engine = Engine::new();
+        engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0).unwrap();
+        let buffers: Vec<(u64, Keepalive)> = (0..3).map(|_| buffer(4 * MIB)).collect();
+        let ranges = || buffers.iter().map(|(a, k)| (*a, 4 * MIB as u64, k.clone())).collect::<Vec<_>>();
+        let before = locked_kib();
+
+        // The 2nd pin fails: the others are pinned, the failure is reported, nothing half-done.
+        engine.set_faults(Faults { fail_pin_nth: 2, ..Faults::default() });
+        let report = engine.reconcile(request(1, 0, ranges())).unwrap();
+        assert_eq!((report.regions_registered, report.failures.len()), (2, 1), "{report:?}");
+        assert_eq!(report.pinned_bytes, 8 * MIB as u64);
+        assert!(locked_kib() - before >= 8 * 1024 && locked_kib() - before < 12 * 1024);
+        assert_eq!(engine.lock().counters.failures, 1);
+
+        // The next unpin fails: that memory stays pinned, so its keepalive is kept for good.
+        let (failures_before, _) = crate::backend::release_failures();
+        engine.set_faults(Faults { fail_unpin_nth: 1, ..Faults::default() });
+        let first = engine.lock().ledger.entries().map(|e| e.addr()).min().unwrap();
+        let handle = buffers.iter().find(|(a, _)| *a == first).unwrap().1.clone();
+        assert_eq!(engine.release_owner(1), 8 * MIB as u64);
+        assert_eq!(crate::backend::release_failures().0, failures_before + 1);
+        assert!(Arc::strong_count(&handle) >= 3, "the failed region's memory must not be freed");
+        assert_eq!(engine.lock().ledger.total_bytes(), 0);
+
+        // A lost device: nothing pins, every failure is reported, no panic.
+        engine.set_faults(Faults { device_lost: true, ..Faults::default() });
+        let lost = engine.reconcile(request(2, 0, ranges())).unwrap();
+        assert_eq!((lost.pinned_bytes, lost.failures.len()), (0, 3));
+        assert!(lost.failures[0].contains("CUDA_ERROR_DEVICE_UNAVAILABLE"));
+        engine.set_faults(Faults::default());
+        // Clean up the range the injected unpin failure left locked (a test-only leak).
+        unsafe { crate::sys::os::unlock(first, 4 * MIB as u64).unwrap() };
     }
 
     #[test]

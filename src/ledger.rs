@@ -14,12 +14,24 @@ use crate::memmap::MemoryKind;
 pub type Keepalive = Arc<dyn Any + Send + Sync>;
 
 pub struct Entry {
-    // Field order is drop order: the registration goes before the memory it pins.
+    // Drop (below) releases the registration first, then the fields drop: the memory last.
     pub registration: Registration,
     pub keepalive: Vec<Keepalive>,
     pub owner: u64,
     pub priority: i32,
     pub kind: MemoryKind,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if self.registration.release().is_err() {
+            // The range may still be pinned (a failed unpin, a lost device): freeing its memory
+            // could leave the driver or the kernel pointing at freed pages. Keep it for good.
+            for keepalive in self.keepalive.drain(..) {
+                std::mem::forget(keepalive);
+            }
+        }
+    }
 }
 
 impl Entry {

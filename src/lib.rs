@@ -19,3 +19,9 @@ pub mod sys;
 
 #[cfg(feature = "python")]
 mod python;
+
+/// Property-test cases: 500 by default; the fuzz run in scripts/test.sh sets VIKING_FUZZ_CASES.
+#[cfg(test)]
+pub(crate) fn fuzz_cases() -> u32 {
+    std::env::var("VIKING_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(500)
+}

@@ -184,6 +184,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(crate::fuzz_cases()))]
         #[test]
         fn parser_never_panics(text in "\\PC{0,200}") {
             let maps = parse(&text);

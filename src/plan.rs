@@ -349,7 +349,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(500))]
+        #![proptest_config(ProptestConfig::with_cases(crate::fuzz_cases()))]
         #[test]
         fn plan_invariants((ranges, pinned, room) in arb_input()) {
             let rules = Rules { room_bytes: room, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok: false };

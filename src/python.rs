@@ -9,6 +9,7 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::backend::cuda;
+use crate::backend::faults::Faults;
 use crate::backend::BackendChoice;
 use crate::budget::{Policy, GIB};
 use crate::engine::{Engine, Request};
@@ -146,6 +147,26 @@ fn device_pointer(py: Python<'_>, addr: &Bound<'_, PyAny>) -> PyResult<u64> {
     })
 }
 
+/// Test-only fault injection: fail the Nth pin / unpin from now, or act as if the device
+/// were lost. All zero / False switches it off.
+#[pyfunction]
+#[pyo3(signature = (fail_pin_nth = 0, fail_unpin_nth = 0, device_lost = false))]
+fn _set_faults(fail_pin_nth: u64, fail_unpin_nth: u64, device_lost: bool) {
+    engine().set_faults(Faults { fail_pin_nth, fail_unpin_nth, device_lost });
+}
+
+/// Releases low-priority pins while available RAM is below the headroom; twice a second.
+fn start_pressure_monitor() {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        let _ = std::thread::Builder::new().name("viking-pressure".into()).spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            // A panic here must not kill the thread's loop or cross into Python.
+            let _ = catch_unwind(|| engine().relieve_pressure());
+        });
+    });
+}
+
 #[pymodule]
 fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -158,6 +179,8 @@ fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(status_json, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(device_pointer, m)?)?;
+    m.add_function(wrap_pyfunction!(_set_faults, m)?)?;
+    start_pressure_monitor();
     // Release every pin at interpreter exit, while the memory is still alive.
     m.py().import("atexit")?.call_method1("register", (m.getattr("release_all")?,))?;
     Ok(())

@@ -138,4 +138,8 @@ impl Backend for CudaBackend {
     unsafe fn unpin(&self, addr: u64, _len: u64) -> Result<()> {
         self.with_context(|| cuda::host_unregister(addr as usize))
     }
+
+    fn quiesce(&self) {
+        let _ = self.with_context(cuda::synchronize);
+    }
 }

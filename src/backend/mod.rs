@@ -2,6 +2,7 @@
 //! `Registration` that unpins on drop.
 
 pub mod cuda;
+pub mod faults;
 pub mod oslock;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +62,9 @@ pub trait Backend: Send + Sync {
     /// # Safety
     /// `[addr, addr+len)` must be exactly a range this backend pinned and has not unpinned.
     unsafe fn unpin(&self, addr: u64, len: u64) -> Result<()>;
+    /// Blocks until no device copy can still read memory this backend pinned (CUDA: the
+    /// context is synchronised). Called before releasing from outside the caller's thread.
+    fn quiesce(&self) {}
 }
 
 /// Failures to unpin, which can only be logged (they happen in `Drop`).
@@ -77,6 +81,7 @@ pub struct Registration {
     backend: Arc<dyn Backend>,
     addr: u64,
     len: u64,
+    released: bool,
 }
 
 impl Registration {
@@ -85,7 +90,7 @@ impl Registration {
     /// sure by holding a reference to its owner next to it.
     pub unsafe fn new(backend: Arc<dyn Backend>, addr: u64, len: u64) -> Result<Registration> {
         backend.pin(addr, len)?;
-        Ok(Registration { backend, addr, len })
+        Ok(Registration { backend, addr, len, released: false })
     }
     pub fn addr(&self) -> u64 {
         self.addr
@@ -96,16 +101,33 @@ impl Registration {
     pub fn backend(&self) -> BackendKind {
         self.backend.kind()
     }
+
+    /// Unpins now (once). On failure the range may still be pinned: the caller must then keep
+    /// the memory alive for good (the ledger leaks its reference rather than free pinned memory).
+    pub fn release(&mut self) -> Result<()> {
+        if self.released {
+            return Ok(());
+        }
+        self.released = true;
+        // SAFETY: this value pinned exactly this range and is the only one to unpin it.
+        let result = unsafe { self.backend.unpin(self.addr, self.len) };
+        if let Err(error) = &result {
+            RELEASE_FAILURES.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut last) = LAST_RELEASE_ERROR.lock() {
+                *last = Some(format!("{:#x}+{}: {error}", self.addr, self.len));
+            }
+        }
+        result
+    }
+
+    /// Waits until the device has finished any copy that may read pinned memory.
+    pub fn quiesce(&self) {
+        self.backend.quiesce();
+    }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        // SAFETY: this value pinned exactly this range and is the only one to unpin it.
-        if let Err(error) = unsafe { self.backend.unpin(self.addr, self.len) } {
-            RELEASE_FAILURES.fetch_add(1, Ordering::Relaxed);
-            if let Ok(mut last) = LAST_RELEASE_ERROR.lock() {
-                *last = Some(error.to_string());
-            }
-        }
+        let _ = self.release();
     }
 }

@@ -59,7 +59,14 @@ impl Backend for OsLock {
         #[cfg(unix)]
         {
             let mut live = self.live.lock().map_err(|_| VikingError::Internal("os-lock table poisoned".into()))?;
-            os::lock(addr, len)?;
+            if let Err(error) = os::lock(addr, len) {
+                // mlock may have locked part of the range before failing: undo that part, but
+                // leave pages shared with live neighbours locked.
+                if let Some((start, span)) = self.pages_to_unlock(&live, addr, len) {
+                    let _ = os::unlock(start, span);
+                }
+                return Err(error);
+            }
             live.insert(addr, len);
             Ok(())
         }

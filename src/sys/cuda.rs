@@ -115,3 +115,8 @@ pub fn host_device_pointer(addr: usize) -> Result<u64> {
     check("cuMemHostGetDevicePointer", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_pointer, addr as *mut c_void, 0) })?;
     Ok(device_pointer as u64)
 }
+
+/// Waits for all work of the current context (every stream, PyTorch's too).
+pub fn synchronize() -> Result<()> {
+    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+}
