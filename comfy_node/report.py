@@ -38,6 +38,12 @@ def status_text(status: dict) -> str:
                       f"{human(paging['swapped_out_since_last_run'])} since the last status run "
                       f"({human(paging['swapped_in_since_start'])} / {human(paging['swapped_out_since_start'])} since start)")
     lines.append(swap_line)
+    if paging.get("commit_limit"):
+        lines.append(f"Windows: commit charge {human(paging['commit_limit'] - paging['commit_available'])} of "
+                     f"{human(paging['commit_limit'])} (RAM + pagefile); page faults {paging.get('process_page_faults')}")
+    if paging.get("working_set_minimum") is not None:
+        lines.append(f"Windows: locked pages count against the working-set minimum, now {human(paging['working_set_minimum'])} "
+                     "(Viking raises it as it pins; page-locking past ~40-50% of RAM fails there)")
     cuda = status["cuda"]
     if cuda["available"]:
         device = cuda["device"]

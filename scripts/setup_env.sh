@@ -95,6 +95,17 @@ install_browser() {
     fi
 }
 
+# --- 3c. Windows cross-build tools (MinGW linker, Wine to run the Windows tests) ---------------
+install_windows_tools() {
+    if command -v x86_64-w64-mingw32-gcc >/dev/null && command -v wine >/dev/null; then log "mingw and wine present"; return; fi
+    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
+        log "apt-get install gcc-mingw-w64-x86-64 wine64 (Windows build and tests)"
+        apt-get update -qq && apt-get install -y -qq gcc-mingw-w64-x86-64 wine64 >/dev/null
+    else
+        log "no mingw/wine and no root apt-get: the Windows build will be skipped"
+    fi
+}
+
 # --- 4. FINAL STEP: install this project (builds the native module through pyproject/maturin) ----
 install_project() {
     if [[ ! -f "$REPO_ROOT/pyproject.toml" ]]; then log "no pyproject.toml yet; skipping project install"; return; fi
@@ -107,7 +118,7 @@ main() {
         venv)    make_venv; install_packages ;;
         comfy)   prepare_comfy "${2:-}" ;;
         project) install_project ;;
-        all)     make_venv; install_packages; prepare_comfy; install_browser; install_project ;;
+        all)     make_venv; install_packages; prepare_comfy; install_browser; install_windows_tools; install_project ;;
         *)       echo "usage: $0 [all|venv|comfy [DEST]|project]" >&2; return 2 ;;
     esac
     log "done"

@@ -10,5 +10,10 @@ cargo test --no-default-features --quiet
 # cases, bounded in time.
 echo "[test] property-test fuzz run (VIKING_FUZZ_CASES=200000, at most 300 s)"
 VIKING_FUZZ_CASES=200000 timeout 300 cargo test --no-default-features --release --quiet -- prop parser plan_invariants budget_never
+if command -v x86_64-w64-mingw32-gcc >/dev/null && command -v wine >/dev/null; then
+    bash scripts/windows_check.sh
+else
+    echo "[test] Windows build skipped: no MinGW or Wine here (scripts/setup_env.sh installs them as root)"
+fi
 echo "[test] pytest"
 .venv/bin/python -m pytest "$@"

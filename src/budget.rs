@@ -8,7 +8,9 @@
 //!   others (ComfyUI's own pinning) already hold;
 //! - `headroom`: RAM that must stay un-pinned for everything else: usable RAM - headroom - others;
 //! - `pressure`: only when available RAM has already fallen below the headroom: what we hold,
-//!   less the shortfall, so releasing pins gives the machine its headroom back.
+//!   less the shortfall, so releasing pins gives the machine its headroom back;
+//! - `commit` (Windows): the same when the commit charge left (RAM + pagefile) is below the
+//!   headroom: new allocations there fail outright, and locked pages cannot be trimmed to help.
 
 use serde::Serialize;
 
@@ -63,6 +65,9 @@ pub struct MemorySnapshot {
     pub pinned_by_us: u64,
     /// Pinned by others in this process (ComfyUI's own `cudaHostRegister` calls).
     pub pinned_by_others: u64,
+    /// Windows: the commit limit (RAM + pagefiles) and what is left of it.
+    pub commit_limit: Option<u64>,
+    pub commit_available: Option<u64>,
     pub os: Os,
 }
 
@@ -158,6 +163,7 @@ pub enum Term {
     OsCap,
     Headroom,
     Pressure,
+    Commit,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -178,8 +184,13 @@ pub struct Budget {
     pub reason: String,
 }
 
+/// Bytes for people: GiB from 1 GiB up, MiB below.
 pub fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / GIB as f64)
+    if bytes >= GIB {
+        format!("{:.1} GiB", bytes as f64 / GIB as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
 }
 
 pub fn compute(snapshot: &MemorySnapshot, policy: &Policy) -> Budget {
@@ -200,6 +211,9 @@ pub fn compute(snapshot: &MemorySnapshot, policy: &Policy) -> Budget {
         let shortfall = headroom - snapshot.available_ram;
         terms.push((Term::Pressure, snapshot.pinned_by_us.saturating_sub(shortfall)));
     }
+    if let Some(commit_available) = snapshot.commit_available.filter(|&left| left < headroom) {
+        terms.push((Term::Commit, snapshot.pinned_by_us.saturating_sub(headroom - commit_available)));
+    }
 
     // The first smallest term wins; `terms` always holds OsCap and Headroom.
     let (bound_by, limit_bytes) = terms.iter().copied().min_by_key(|&(_, bytes)| bytes).expect("terms is never empty");
@@ -215,6 +229,11 @@ pub fn compute(snapshot: &MemorySnapshot, policy: &Policy) -> Budget {
         Term::Pressure => format!(
             "limited by memory pressure: only {} available, below the {} headroom",
             gib(snapshot.available_ram),
+            gib(headroom)
+        ),
+        Term::Commit => format!(
+            "limited by the commit charge: only {} of RAM + pagefile left, below the {} headroom",
+            gib(snapshot.commit_available.unwrap_or(0)),
             gib(headroom)
         ),
     };
@@ -244,8 +263,22 @@ mod tests {
             container_limit: None,
             pinned_by_us: 0,
             pinned_by_others: 0,
+            commit_limit: None,
+            commit_available: None,
             os: Os::Linux,
         }
+    }
+
+    #[test]
+    fn windows_commit_charge_binds_when_nearly_exhausted() {
+        let mut snapshot = machine(32, 20);
+        snapshot.os = Os::Windows;
+        snapshot.pinned_by_us = 8 * GIB;
+        snapshot.commit_limit = Some(48 * GIB);
+        snapshot.commit_available = Some(GIB);
+        let budget = compute(&snapshot, &Policy::from_user(0.0, 0.0, 4.0).unwrap());
+        assert_eq!((budget.bound_by, budget.limit_bytes, budget.excess_bytes), (Term::Commit, 5 * GIB, 3 * GIB));
+        assert!(budget.reason.starts_with("limited by the commit charge"));
     }
 
     #[test]
@@ -338,6 +371,7 @@ mod tests {
             let snapshot = MemorySnapshot {
                 total_ram: total, available_ram: (total as f64 * avail_frac) as u64, swap_total: 0, swap_used: 0,
                 container_limit: container, pinned_by_us: us, pinned_by_others: others,
+                commit_limit: None, commit_available: if windows { Some(total / 3) } else { None },
                 os: if windows { Os::Windows } else { Os::Linux },
             };
             let policy = Policy::from_user(budget_gib, 0.0, headroom_gib).unwrap();

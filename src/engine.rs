@@ -137,6 +137,8 @@ pub fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64) -> MemorySnapsh
         container_limit: cgroup.map(|c| c.total_memory).filter(|&limit| limit > 0 && limit < system.total_memory()),
         pinned_by_us,
         pinned_by_others,
+        commit_limit: sys::os::commit_charge().map(|c| c.0),
+        commit_available: sys::os::commit_charge().map(|c| c.1),
         os: Os::current(),
     }
 }
@@ -519,6 +521,7 @@ mod tests {
         Request { owner, label: format!("model {owner}"), priority, backend: BackendChoice::OsLock, owner_cap_bytes: None, ranges, foreign: vec![], others_pinned_bytes: 0 }
     }
 
+    #[cfg(target_os = "linux")]
     fn locked_kib() -> u64 {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let line = status.lines().find(|l| l.starts_with("VmLck:")).unwrap();
@@ -527,6 +530,7 @@ mod tests {
 
     // One test, so the VmLck figures are not disturbed by others running in parallel.
     #[test]
+    #[cfg(target_os = "linux")]
     fn reconcile_pins_releases_and_is_idempotent() {
         let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let engine = Engine::new();
@@ -575,6 +579,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
     fn injected_faults_leave_a_consistent_ledger() {
         let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let engine = Engine::new();

@@ -72,6 +72,13 @@ pub struct Paging {
     pub swapped_out_since_start: Option<u64>,
     pub swapped_in_since_last_run: Option<u64>,
     pub swapped_out_since_last_run: Option<u64>,
+    /// This process's page faults so far (Linux: minor + major; Windows: soft + hard).
+    pub process_page_faults: Option<u64>,
+    /// Windows: the commit limit (RAM + pagefiles) and what is left of it; the working-set
+    /// minimum, which bounds what VirtualLock can hold (Viking raises it as it pins).
+    pub commit_limit: Option<u64>,
+    pub commit_available: Option<u64>,
+    pub working_set_minimum: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -182,6 +189,10 @@ impl Engine {
             swapped_out_since_start: delta(state.swaps_at_start, |c| c.1),
             swapped_in_since_last_run: delta(state.swaps_at_last_run, |c| c.0),
             swapped_out_since_last_run: delta(state.swaps_at_last_run, |c| c.1),
+            process_page_faults: sys::os::page_faults(),
+            commit_limit: memory.commit_limit,
+            commit_available: memory.commit_available,
+            working_set_minimum: sys::os::working_set_minimum(),
         };
         if mark_run {
             state.swaps_at_last_run = swaps_now;

@@ -1,4 +1,5 @@
-//! Raw OS calls: page locking and the /proc files of Linux.
+//! Raw OS calls: page locking (mlock on Unix, VirtualLock on Windows), the /proc files of Linux
+//! and Windows' memory counters.
 
 use crate::error::{Result, VikingError};
 
@@ -41,9 +42,148 @@ pub unsafe fn unlock(addr: u64, len: u64) -> Result<()> {
     }
 }
 
-/// The text of /proc/self/maps; `None` where there is no such file (not Linux).
+#[cfg(windows)]
+mod win {
+    //! The few kernel32 functions Viking needs, declared by hand (no extra crate).
+    #![allow(non_snake_case)]
+    use std::ffi::c_void;
+
+    pub type Handle = *mut c_void;
+    pub const ERROR_WORKING_SET_QUOTA: i32 = 1453;
+
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct MemoryStatusEx {
+        pub dwLength: u32,
+        pub dwMemoryLoad: u32,
+        pub ullTotalPhys: u64,
+        pub ullAvailPhys: u64,
+        pub ullTotalPageFile: u64,
+        pub ullAvailPageFile: u64,
+        pub ullTotalVirtual: u64,
+        pub ullAvailVirtual: u64,
+        pub ullAvailExtendedVirtual: u64,
+    }
+
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct ProcessMemoryCounters {
+        pub cb: u32,
+        pub PageFaultCount: u32,
+        pub PeakWorkingSetSize: usize,
+        pub WorkingSetSize: usize,
+        pub QuotaPeakPagedPoolUsage: usize,
+        pub QuotaPagedPoolUsage: usize,
+        pub QuotaPeakNonPagedPoolUsage: usize,
+        pub QuotaNonPagedPoolUsage: usize,
+        pub PagefileUsage: usize,
+        pub PeakPagefileUsage: usize,
+    }
+
+    #[link(name = "kernel32")]
+    extern "system" {
+        pub fn VirtualLock(address: *const c_void, size: usize) -> i32;
+        pub fn VirtualUnlock(address: *const c_void, size: usize) -> i32;
+        pub fn GetCurrentProcess() -> Handle;
+        pub fn GetProcessWorkingSetSize(process: Handle, minimum: *mut usize, maximum: *mut usize) -> i32;
+        pub fn SetProcessWorkingSetSize(process: Handle, minimum: usize, maximum: usize) -> i32;
+        pub fn GlobalMemoryStatusEx(status: *mut MemoryStatusEx) -> i32;
+        pub fn K32GetProcessMemoryInfo(process: Handle, counters: *mut ProcessMemoryCounters, size: u32) -> i32;
+    }
+}
+
+/// # Safety
+/// The range must be mapped.
+#[cfg(windows)]
+pub unsafe fn lock(addr: u64, len: u64) -> Result<()> {
+    let address = addr as *const std::ffi::c_void;
+    if win::VirtualLock(address, len as usize) != 0 {
+        return Ok(());
+    }
+    let error = std::io::Error::last_os_error();
+    if error.raw_os_error() != Some(win::ERROR_WORKING_SET_QUOTA) {
+        return Err(last_os_error("VirtualLock"));
+    }
+    // Locked pages count against the process's minimum working set: raise it by the range
+    // (and the maximum with it), then try once more.
+    let process = win::GetCurrentProcess();
+    let (mut minimum, mut maximum) = (0usize, 0usize);
+    if win::GetProcessWorkingSetSize(process, &mut minimum, &mut maximum) == 0 {
+        return Err(last_os_error("GetProcessWorkingSetSize"));
+    }
+    let grow = len as usize + (1 << 20);
+    if win::SetProcessWorkingSetSize(process, minimum + grow, maximum.max(minimum + grow) + grow) == 0 {
+        return Err(last_os_error("SetProcessWorkingSetSize"));
+    }
+    if win::VirtualLock(address, len as usize) != 0 {
+        Ok(())
+    } else {
+        Err(last_os_error("VirtualLock"))
+    }
+}
+
+/// # Safety
+/// The range must be mapped.
+#[cfg(windows)]
+pub unsafe fn unlock(addr: u64, len: u64) -> Result<()> {
+    if win::VirtualUnlock(addr as *const std::ffi::c_void, len as usize) != 0 {
+        Ok(())
+    } else {
+        Err(last_os_error("VirtualUnlock"))
+    }
+}
+
+/// The process's minimum working-set size, which bounds what VirtualLock can hold (Windows).
+pub fn working_set_minimum() -> Option<u64> {
+    #[cfg(windows)]
+    unsafe {
+        let (mut minimum, mut maximum) = (0usize, 0usize);
+        if win::GetProcessWorkingSetSize(win::GetCurrentProcess(), &mut minimum, &mut maximum) != 0 {
+            return Some(minimum as u64);
+        }
+    }
+    None
+}
+
+/// (commit limit, commit available) in bytes: RAM plus pagefiles (Windows).
+pub fn commit_charge() -> Option<(u64, u64)> {
+    #[cfg(windows)]
+    unsafe {
+        let mut status = win::MemoryStatusEx { dwLength: std::mem::size_of::<win::MemoryStatusEx>() as u32, ..Default::default() };
+        if win::GlobalMemoryStatusEx(&mut status) != 0 {
+            return Some((status.ullTotalPageFile, status.ullAvailPageFile));
+        }
+    }
+    None
+}
+
+/// Page faults of this process so far: minor + major from /proc/self/stat on Linux, the
+/// PageFaultCount (soft and hard) on Windows.
+pub fn page_faults() -> Option<u64> {
+    #[cfg(windows)]
+    unsafe {
+        let mut counters = win::ProcessMemoryCounters { cb: std::mem::size_of::<win::ProcessMemoryCounters>() as u32, ..Default::default() };
+        if win::K32GetProcessMemoryInfo(win::GetCurrentProcess(), &mut counters, counters.cb) != 0 {
+            return Some(counters.PageFaultCount as u64);
+        }
+        return None;
+    }
+    #[cfg(not(windows))]
+    {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        Some(fields.get(7)?.parse::<u64>().ok()? + fields.get(9)?.parse::<u64>().ok()?)
+    }
+}
+
+/// The text of /proc/self/maps; `None` where there is no such file (not Linux). Only on Linux:
+/// a Windows build run under Wine would otherwise read the Linux host's view of the process.
 pub fn read_self_maps() -> Option<String> {
-    std::fs::read_to_string("/proc/self/maps").ok()
+    if cfg!(target_os = "linux") {
+        std::fs::read_to_string("/proc/self/maps").ok()
+    } else {
+        None
+    }
 }
 
 /// (resident bytes, swapped bytes) of `[addr, addr+len)` of this process, from
