@@ -82,5 +82,12 @@ def test_panel_shows_the_pinned_model_in_a_real_browser(server):
             page.wait_for_timeout(500)
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SCREENSHOT))
+
+            # The engine-mode switch of the settings dialog reaches the server, both ways.
+            assert request(server, "GET", "/viking/engine")[1] == {"engine_mode": False}
+            page.evaluate("() => window.app.extensionManager.setting.set('Viking.EngineMode', true)")
+            page.wait_for_function("async () => (await (await fetch('/viking/engine')).json()).engine_mode === true", timeout=30_000)
+            page.evaluate("() => window.app.extensionManager.setting.set('Viking.EngineMode', false)")
+            page.wait_for_function("async () => (await (await fetch('/viking/engine')).json()).engine_mode === false", timeout=30_000)
         finally:
             browser.close()
