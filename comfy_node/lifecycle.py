@@ -35,6 +35,7 @@ class PinSettings:
     backend: str = "auto"
     priority: int = 0
     node_id: str = ""
+    vram_cap_gib: float = 0.0  # at most this much of the model's weights in VRAM; 0: ComfyUI decides
 
 
 _settings: dict[int, PinSettings] = {}  # owner -> settings
@@ -166,6 +167,49 @@ def _noop(_patcher):
     pass
 
 
+GIB = 1 << 30
+
+
+def _install_vram_cap(patcher):
+    """Caps the VRAM ComfyUI gives this model's weights. ComfyUI decides how much of a model
+    to load in `ModelPatcher.partially_load(device, extra_memory)` (every load path goes through
+    it: load_models_gpu -> LoadedModel.model_load / model_use_more_vram). There is no option or
+    callback for a per-model limit, so this one patcher instance gets a thin wrapper that trims
+    `extra_memory` to the cap; ComfyUI's own lowvram machinery then streams the rest from RAM
+    (pinned by Viking). Clones get it again through ON_CLONE (instance attributes do not survive
+    clone())."""
+    if "partially_load" in vars(patcher):
+        return
+    original = type(patcher).partially_load
+    owner = owner_of(patcher)
+    weak = weakref.ref(patcher)
+
+    def partially_load(device_to, extra_memory=0, force_patch_weights=False):
+        this = weak()
+        settings = _settings.get(owner)
+        if settings is not None and settings.vram_cap_gib > 0:
+            loaded = this.model.model_loaded_weight_memory
+            extra_memory = min(extra_memory, int(settings.vram_cap_gib * GIB) - loaded)
+            if loaded == 0 and extra_memory <= 0:
+                extra_memory = 1  # load nothing: every weight streams (0 would mean "no limit")
+        return original(this, device_to, extra_memory, force_patch_weights=force_patch_weights)
+
+    patcher.partially_load = partially_load
+
+
+def _on_clone(original, clone):
+    settings = _settings.get(owner_of(original))
+    if settings is not None and settings.vram_cap_gib > 0:
+        _install_vram_cap(clone)
+
+
+def vram_usage(patcher) -> tuple[int, int]:
+    """(VRAM cap in bytes or 0, bytes of weights ComfyUI has in VRAM now)."""
+    settings = _settings.get(owner_of(patcher))
+    cap = int(settings.vram_cap_gib * GIB) if settings and settings.vram_cap_gib > 0 else 0
+    return cap, int(patcher.loaded_size())
+
+
 def attach(patcher, settings: PinSettings) -> dict | None:
     """Makes `patcher` (and clones made from it later) keep its model's weights pinned."""
     import comfy.patcher_extension as ext
@@ -177,6 +221,10 @@ def attach(patcher, settings: PinSettings) -> dict | None:
     for event in (ext.CallbacksMP.ON_LOAD, ext.CallbacksMP.ON_DETACH, ext.CallbacksMP.ON_CLEANUP, ext.CallbacksMP.ON_INJECT_MODEL):
         if not patcher.get_callbacks(event, KEY):
             patcher.add_callback_with_key(event, KEY, _on_event)
+    if settings.vram_cap_gib > 0:
+        _install_vram_cap(patcher)
+        if not patcher.get_callbacks(ext.CallbacksMP.ON_CLONE, KEY):
+            patcher.add_callback_with_key(ext.CallbacksMP.ON_CLONE, KEY, _on_clone)
     if hasattr(patcher, "set_injections") and KEY not in getattr(patcher, "injections", {}):
         patcher.set_injections(KEY, [ext.PatcherInjection(inject=_noop, eject=_noop)])
     if owner not in _finalizers or not _finalizers[owner].alive:

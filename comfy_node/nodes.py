@@ -39,9 +39,10 @@ def _patcher_of(value, kind: str):
     return patcher
 
 
-def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float, backend: str, priority: int) -> Result:
+def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float, backend: str, priority: int,
+         vram_cap_gib: float = 0.0) -> Result:
     require()
-    for name, number in (("budget_gib", budget_gib), ("headroom_gib", headroom_gib)):
+    for name, number in (("budget_gib", budget_gib), ("headroom_gib", headroom_gib), ("vram_cap_gib", vram_cap_gib)):
         if not (0.0 <= float(number) <= 4096.0):  # also catches NaN
             raise ValueError(f"{name} is {number}; give GiB between 0 (auto) and 4096")
     if backend not in BACKENDS:
@@ -64,7 +65,8 @@ def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float,
         notes.append(f"This {kind} was already pinned by Viking node #{previous.node_id}; the settings of node #{node_id} apply now.")
     label = f"{kind} {type(patcher.model).__name__} (node #{node_id})"
     settings = lifecycle.PinSettings(label=label, budget_gib=float(budget_gib), headroom_gib=float(headroom_gib),
-                                     backend=backend, priority=int(priority), node_id=node_id)
+                                     backend=backend, priority=int(priority), node_id=node_id,
+                                     vram_cap_gib=float(vram_cap_gib))
     try:
         report = lifecycle.attach(patcher, settings)
     except require().BackendUnavailableError as error:
@@ -82,6 +84,11 @@ def _pin_text(report: dict, notes: list[str]) -> str:
     lines += [f"released {human(b)} of a lower-priority model to make room" for _, b in report["evicted"]]
     lines += [f"failed: {f}" for f in report["failures"]]
     return "\n".join(lines + notes)
+
+
+VRAM_CAP = Input("vram_cap_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step=0.5,
+                 tooltip="Keep at most this many GiB of the model's weights in VRAM; the rest stays in pinned RAM "
+                         "and streams to the GPU at each step. 0 = let ComfyUI decide.")
 
 
 def _status(node_id: str, after=None) -> Result:
@@ -105,15 +112,16 @@ def _unpin(node_id: str, model=None, clip=None, vae=None, everything: bool = Fal
     return Result((), f"Released {human(released)} pinned for the {', '.join(names)}")
 
 
-def _pin_spec(node_id: str, kind: str, display: str, description: str) -> NodeSpec:
+def _pin_spec(node_id: str, kind: str, display: str, description: str, extra_inputs=()) -> NodeSpec:
     name = kind.lower()
     return NodeSpec(
         node_id=node_id,
         display_name=display,
         description=description,
-        inputs=[Input(name, kind)] + SETTINGS_INPUTS,
+        inputs=[Input(name, kind)] + SETTINGS_INPUTS + list(extra_inputs),
         outputs=[Output(kind, kind)],
-        run=lambda node_id, **i: _pin(node_id, kind, i[name], i["budget_gib"], i["headroom_gib"], i["backend"], i["priority"]),
+        run=lambda node_id, **i: _pin(node_id, kind, i[name], i["budget_gib"], i["headroom_gib"], i["backend"],
+                                      i["priority"], i.get("vram_cap_gib", 0.0)),
         # Cached like any node, but re-run after a Viking Unpin so the model is pinned again.
         fingerprint=lifecycle.unpin_generation,
     )
@@ -123,7 +131,8 @@ SPECS = [
     _pin_spec("VikingPinModel", "MODEL", "Viking Pin Model",
               "Keeps the diffusion model's weights that sit in RAM page-locked (never swapped; full-speed "
               "copies to the GPU), within a RAM budget. Returns a clone; the pins follow the weights as "
-              "ComfyUI loads and unloads them."),
+              "ComfyUI loads and unloads them. Optionally caps the VRAM the model's weights take.",
+              extra_inputs=[VRAM_CAP]),
     _pin_spec("VikingPinCLIP", "CLIP", "Viking Pin CLIP", "The same as Viking Pin Model, for the text encoder."),
     _pin_spec("VikingPinVAE", "VAE", "Viking Pin VAE", "The same as Viking Pin Model, for the VAE."),
     NodeSpec(

@@ -46,6 +46,10 @@ def pin_settings(budget_gib=0.0, headroom_gib=0.0, backend="auto", priority=0):
     return [budget_gib, headroom_gib, backend, priority]
 
 
+def model_pin_settings(vram_cap_gib=0.0, **settings):
+    return pin_settings(**settings) + [vram_cap_gib]
+
+
 def txt2img(width, height, steps, model_settings, note):
     g = Graph()
     ckpt = g.node("CheckpointLoaderSimple", (0, 200), [CKPT], outputs=[("MODEL", "MODEL"), ("CLIP", "CLIP"), ("VAE", "VAE")])
@@ -75,14 +79,14 @@ def txt2img(width, height, steps, model_settings, note):
 
 WORKFLOWS = {
     "viking_pin_checkpoint": txt2img(
-        64, 64, 2, pin_settings(),
+        64, 64, 2, model_pin_settings(),
         "Viking Engine: the checkpoint's MODEL, CLIP and VAE are pinned in RAM (no swapping, full-speed "
         "copies to the GPU) within the shared RAM budget. Viking Memory Status shows what is pinned."),
     "viking_lowvram": txt2img(
-        512, 512, 4, pin_settings(budget_gib=0.0, priority=10),
-        "Low-VRAM use: start ComfyUI with --lowvram (or --reserve-vram N). The layers that do not fit "
-        "in VRAM stay in RAM and are copied to the GPU at every step: Viking keeps them pinned, with "
-        "priority 10 so the diffusion model keeps its pins when the budget is short."),
+        512, 512, 4, model_pin_settings(vram_cap_gib=4.0, priority=10),
+        "Low-VRAM use: Viking Pin Model keeps at most 4 GiB of the diffusion model's weights in VRAM "
+        "(vram_cap_gib); the rest stays in RAM, pinned, and is copied to the GPU at every step. "
+        "Priority 10: the diffusion model keeps its pins first when the RAM budget is short."),
 }
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def test_object_info_lists_every_node_with_its_inputs(server):
         assert info["category"] == "Viking"
         assert info["display_name"].startswith("Viking")
     pin = server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["required"]
-    assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority"]
+    assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "vram_cap_gib"]
     assert pin["backend"][1]["options"] == ["auto", "cuda", "os-lock"]
     assert pin["budget_gib"][1]["min"] == 0.0
     unpin = server.get("/object_info/VikingUnpin")["VikingUnpin"]["input"]["optional"]
@@ -170,7 +170,7 @@ def test_bad_input_gets_clear_messages_and_the_queue_keeps_running(server):
         server.run_prompt(bad)
     # A MODEL from another node pack that is not a ModelPatcher.
     foreign = {"1": {"class_type": "ForeignModel", "inputs": {}},
-               "2": {"class_type": "VikingPinModel", "inputs": {"model": ["1", 0], "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0}},
+               "2": {"class_type": "VikingPinModel", "inputs": {"model": ["1", 0], "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0, "vram_cap_gib": 0.0}},
                "3": {"class_type": "VikingMemoryStatus", "inputs": {"after": ["2", 0]}}}
     with pytest.raises(ComfyError, match="needs a ComfyUI MODEL input backed by a ModelPatcher"):
         server.run_prompt(foreign)

@@ -1,0 +1,137 @@
+"""A per-model VRAM cap through ComfyUI's real model management: a Flux-shaped model loaded
+with caps from 0 up to all of it; at each cap the weights in VRAM must stay under the cap and
+the forward pass must give the same bits as the uncapped one. On a GPU it also times the step
+at each cap, with Viking's pins and with ComfyUI's own pinning (same cap, no Viking pins),
+against the floor max(streamed bytes / link bandwidth, all-in-VRAM compute).
+
+usage: python bench/comfy_vram_cap.py COMFY_DIR OUT.json [--cpu] [--depth N] [--caps G,G,...] [--reps N]
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+comfy_dir, out_path = sys.argv[1], sys.argv[2]
+cpu = "--cpu" in sys.argv
+
+
+def arg(name, default, kind=float):
+    return kind(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+depth, reps = arg("--depth", 1 if cpu else 19, int), arg("--reps", 2 if cpu else 5, int)
+caps = [float(c) for c in arg("--caps", "0.002,0.005" if cpu else "4,8,12,16", str).split(",")]
+sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else [])
+
+import torch  # noqa: E402
+
+import comfy.options  # noqa: E402
+
+comfy.options.enable_args_parsing()
+import comfy.model_management as mm  # noqa: E402
+import comfy.model_patcher  # noqa: E402
+import comfy.supported_models  # noqa: E402
+
+from comfy_node import lifecycle  # noqa: E402
+from comfy_node.native import require  # noqa: E402
+
+native = require()
+GIB = 1 << 30
+cfg = dict(image_model="flux", in_channels=16, patch_size=2, out_channels=16, vec_in_dim=768, context_in_dim=4096,
+           hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=depth, depth_single_blocks=2 * depth,
+           axes_dim=[16, 56, 56], theta=10000, qkv_bias=True, guidance_embed=True)
+if cpu:
+    cfg.update(hidden_size=256, num_heads=2, context_in_dim=64, vec_in_dim=32)
+config = comfy.supported_models.Flux(cfg)
+config.set_inference_dtype(torch.bfloat16, None)
+model = config.get_model({}, "")
+torch.manual_seed(0)
+with torch.no_grad():
+    for index, p in enumerate(model.parameters()):
+        p.fill_(0.002 * ((index % 7) - 3))
+model_bytes = sum(p.nbytes for p in model.parameters())
+patcher = comfy.model_patcher.ModelPatcher(model, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())
+device = mm.get_torch_device()
+tokens, context = (16, 8) if cpu else (128, 512)
+g = torch.Generator().manual_seed(1)
+x = torch.randn(1, 16, tokens, tokens, generator=g).to(device, torch.bfloat16)
+ctx = torch.randn(1, context, cfg["context_in_dim"], generator=g).to(device, torch.bfloat16)
+y = torch.randn(1, cfg["vec_in_dim"], generator=g).to(device, torch.bfloat16)
+timestep, guidance = torch.tensor([0.5], device=device), torch.tensor([3.5], device=device)
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run(n):
+    """The output of one step, and the median time of `n` more."""
+    times = []
+    with torch.inference_mode():
+        out = patcher.model.diffusion_model(x, timestep, ctx, y=y, guidance=guidance).float().cpu()
+        for _ in range(n):
+            sync()
+            started = time.perf_counter()
+            patcher.model.diffusion_model(x, timestep, ctx, y=y, guidance=guidance)
+            sync()
+            times.append(time.perf_counter() - started)
+    return out, statistics.median(times)
+
+
+def link_gbps():
+    if not torch.cuda.is_available():
+        return None
+    host = torch.empty(2 * GIB, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty_like(host, device="cuda")
+    best = []
+    for _ in range(5):
+        sync()
+        started = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        sync()
+        best.append(host.nbytes / (time.perf_counter() - started) / 1e9)
+    return statistics.median(best)
+
+
+limit = link_gbps()
+mm.load_models_gpu([patcher], force_full_load=True)
+reference, all_in_vram = run(reps)
+mm.unload_all_models()
+
+rows = []
+for mode in ["viking"] + ([] if cpu else ["comfy"]):
+    settings = lifecycle.PinSettings(label="flux", backend="os-lock" if cpu else "cuda", headroom_gib=4.0)
+    if mode == "viking":
+        lifecycle.attach(patcher, settings)
+    else:  # the cap alone; ComfyUI pins the offloaded weights itself
+        lifecycle._settings[lifecycle.owner_of(patcher)] = settings
+        native.release_all()
+    for cap in caps:
+        settings.vram_cap_gib = cap
+        lifecycle._install_vram_cap(patcher)
+        mm.load_models_gpu([patcher])
+        loaded = int(patcher.loaded_size())
+        output, step = run(reps)
+        streamed = model_bytes - loaded
+        floor = max(streamed / (limit * 1e9), all_in_vram) if limit else None
+        row = dict(mode=mode, cap_gib=cap, loaded_bytes=loaded, streamed_bytes=streamed, under_cap=loaded <= cap * GIB,
+                   identical=bool(torch.equal(output, reference)), step_s=round(step, 4),
+                   floor_s=round(floor, 4) if floor else None, over_floor=round(step / floor, 3) if floor else None,
+                   viking_pinned_bytes=json.loads(native.status_json())["pinned_bytes"], comfy_pinned_bytes=int(mm.TOTAL_PINNED_MEMORY))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        mm.unload_all_models()
+    lifecycle.unpin(patcher)
+
+result = dict(bench="comfy_vram_cap", date=time.strftime("%Y-%m-%d"),
+              device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              model_bytes=model_bytes, link_gb_per_s=limit, all_in_vram_step_s=round(all_in_vram, 4), rows=rows,
+              ok=all(r["under_cap"] and r["identical"] for r in rows))
+with open(out_path, "w") as out:
+    json.dump(result, out, indent=1)
+print("ok" if result["ok"] else "FAIL")
+sys.exit(0 if result["ok"] else 1)
