@@ -104,15 +104,11 @@ mm.unload_all_models()
 
 rows = []
 for mode in ["viking"] + ([] if cpu else ["comfy"]):
-    settings = lifecycle.PinSettings(label="flux", backend="os-lock" if cpu else "cuda", headroom_gib=4.0)
     if mode == "viking":
-        lifecycle.attach(patcher, settings)
-    else:  # the cap alone; ComfyUI pins the offloaded weights itself
-        lifecycle._settings[lifecycle.owner_of(patcher)] = settings
-        native.release_all()
+        lifecycle.attach(patcher, lifecycle.PinSettings(label="flux", backend="os-lock" if cpu else "cuda", headroom_gib=4.0))
     for cap in caps:
-        settings.vram_cap_gib = cap
-        lifecycle._install_vram_cap(patcher)
+        # "comfy": the cap alone, no Viking pins; ComfyUI pins the offloaded weights itself.
+        lifecycle.set_vram_cap(patcher, cap)
         mm.load_models_gpu([patcher])
         loaded = int(patcher.loaded_size())
         output, step = run(reps)

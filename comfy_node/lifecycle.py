@@ -39,6 +39,7 @@ class PinSettings:
 
 
 _settings: dict[int, PinSettings] = {}  # owner -> settings
+_vram_caps: dict[int, int] = {}  # owner -> bytes of weights allowed in VRAM
 _finalizers: dict[int, weakref.finalize] = {}
 _last_reports: dict[int, dict] = {}
 _unpin_count = 0  # bumped by every unpin: pin nodes re-run after one
@@ -186,10 +187,10 @@ def _install_vram_cap(patcher):
 
     def partially_load(device_to, extra_memory=0, force_patch_weights=False):
         this = weak()
-        settings = _settings.get(owner)
-        if settings is not None and settings.vram_cap_gib > 0:
+        cap = _vram_caps.get(owner)
+        if cap:
             loaded = this.model.model_loaded_weight_memory
-            extra_memory = min(extra_memory, int(settings.vram_cap_gib * GIB) - loaded)
+            extra_memory = min(extra_memory, cap - loaded)
             if loaded == 0 and extra_memory <= 0:
                 extra_memory = 1  # load nothing: every weight streams (0 would mean "no limit")
         return original(this, device_to, extra_memory, force_patch_weights=force_patch_weights)
@@ -198,16 +199,27 @@ def _install_vram_cap(patcher):
 
 
 def _on_clone(original, clone):
-    settings = _settings.get(owner_of(original))
-    if settings is not None and settings.vram_cap_gib > 0:
+    if _vram_caps.get(owner_of(original)):
         _install_vram_cap(clone)
+
+
+def set_vram_cap(patcher, cap_gib: float):
+    """At most `cap_gib` GiB of this model's weights in VRAM (0: ComfyUI decides)."""
+    import comfy.patcher_extension as ext
+
+    owner = owner_of(patcher)
+    if cap_gib > 0:
+        _vram_caps[owner] = int(cap_gib * GIB)
+        _install_vram_cap(patcher)
+        if not patcher.get_callbacks(ext.CallbacksMP.ON_CLONE, KEY):
+            patcher.add_callback_with_key(ext.CallbacksMP.ON_CLONE, KEY, _on_clone)
+    else:
+        _vram_caps.pop(owner, None)
 
 
 def vram_usage(patcher) -> tuple[int, int]:
     """(VRAM cap in bytes or 0, bytes of weights ComfyUI has in VRAM now)."""
-    settings = _settings.get(owner_of(patcher))
-    cap = int(settings.vram_cap_gib * GIB) if settings and settings.vram_cap_gib > 0 else 0
-    return cap, int(patcher.loaded_size())
+    return _vram_caps.get(owner_of(patcher), 0), int(patcher.loaded_size())
 
 
 def attach(patcher, settings: PinSettings) -> dict | None:
@@ -221,10 +233,7 @@ def attach(patcher, settings: PinSettings) -> dict | None:
     for event in (ext.CallbacksMP.ON_LOAD, ext.CallbacksMP.ON_DETACH, ext.CallbacksMP.ON_CLEANUP, ext.CallbacksMP.ON_INJECT_MODEL):
         if not patcher.get_callbacks(event, KEY):
             patcher.add_callback_with_key(event, KEY, _on_event)
-    if settings.vram_cap_gib > 0:
-        _install_vram_cap(patcher)
-        if not patcher.get_callbacks(ext.CallbacksMP.ON_CLONE, KEY):
-            patcher.add_callback_with_key(ext.CallbacksMP.ON_CLONE, KEY, _on_clone)
+    set_vram_cap(patcher, settings.vram_cap_gib)
     if hasattr(patcher, "set_injections") and KEY not in getattr(patcher, "injections", {}):
         patcher.set_injections(KEY, [ext.PatcherInjection(inject=_noop, eject=_noop)])
     if owner not in _finalizers or not _finalizers[owner].alive:
@@ -235,6 +244,7 @@ def attach(patcher, settings: PinSettings) -> dict | None:
 def _forget(owner: int):
     """The model is gone (ComfyUI dropped it): release every pin it had."""
     _settings.pop(owner, None)
+    _vram_caps.pop(owner, None)
     _last_reports.pop(owner, None)
     _finalizers.pop(owner, None)
     try:
