@@ -21,7 +21,7 @@ comfy_dir, out_path = sys.argv[1], sys.argv[2]
 cpu = "--cpu" in sys.argv
 depth = int(sys.argv[sys.argv.index("--depth") + 1]) if "--depth" in sys.argv else (1 if cpu else 6)
 vram_gib = float(sys.argv[sys.argv.index("--vram-gib") + 1]) if "--vram-gib" in sys.argv else 3.0
-sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
 sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else [])
 
 import torch  # noqa: E402
@@ -31,7 +31,7 @@ import comfy.options  # noqa: E402
 comfy.options.enable_args_parsing()
 import comfy.model_management as mm  # noqa: E402
 import comfy.model_patcher  # noqa: E402
-import comfy.supported_models  # noqa: E402
+import flux_model  # noqa: E402
 
 from comfy_node import lifecycle  # noqa: E402
 from comfy_node.native import require  # noqa: E402
@@ -49,19 +49,8 @@ class Collect(logging.Handler):
 
 logging.getLogger().addHandler(Collect())
 
-cfg = dict(image_model="flux", in_channels=16, patch_size=2, out_channels=16, vec_in_dim=768, context_in_dim=4096,
-           hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=depth, depth_single_blocks=2 * depth,
-           axes_dim=[16, 56, 56], theta=10000, qkv_bias=True, guidance_embed=True)
-if cpu:
-    cfg.update(hidden_size=256, num_heads=2, context_in_dim=64, vec_in_dim=32)
-config = comfy.supported_models.Flux(cfg)
-config.set_inference_dtype(torch.bfloat16, None)
 started = time.perf_counter()
-model = config.get_model({}, "")
-torch.manual_seed(0)
-with torch.no_grad():
-    for p in model.parameters():
-        p.normal_(0, 0.02)
+model, cfg = flux_model.build(depth, tiny=cpu)
 model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 patcher = comfy.model_patcher.ModelPatcher(model, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())
 build_s = time.perf_counter() - started

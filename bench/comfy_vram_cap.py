@@ -23,7 +23,7 @@ def arg(name, default, kind=float):
 
 depth, reps = arg("--depth", 1 if cpu else 19, int), arg("--reps", 2 if cpu else 5, int)
 caps = [float(c) for c in arg("--caps", "0.002,0.005" if cpu else "4,8,12,16", str).split(",")]
-sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
 sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else [])
 
 import torch  # noqa: E402
@@ -33,25 +33,14 @@ import comfy.options  # noqa: E402
 comfy.options.enable_args_parsing()
 import comfy.model_management as mm  # noqa: E402
 import comfy.model_patcher  # noqa: E402
-import comfy.supported_models  # noqa: E402
+import flux_model  # noqa: E402
 
 from comfy_node import lifecycle  # noqa: E402
 from comfy_node.native import require  # noqa: E402
 
 native = require()
 GIB = 1 << 30
-cfg = dict(image_model="flux", in_channels=16, patch_size=2, out_channels=16, vec_in_dim=768, context_in_dim=4096,
-           hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=depth, depth_single_blocks=2 * depth,
-           axes_dim=[16, 56, 56], theta=10000, qkv_bias=True, guidance_embed=True)
-if cpu:
-    cfg.update(hidden_size=256, num_heads=2, context_in_dim=64, vec_in_dim=32)
-config = comfy.supported_models.Flux(cfg)
-config.set_inference_dtype(torch.bfloat16, None)
-model = config.get_model({}, "")
-torch.manual_seed(0)
-with torch.no_grad():
-    for index, p in enumerate(model.parameters()):
-        p.fill_(0.002 * ((index % 7) - 3))
+model, cfg = flux_model.build(depth, tiny=cpu)
 model_bytes = sum(p.nbytes for p in model.parameters())
 patcher = comfy.model_patcher.ModelPatcher(model, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())
 device = mm.get_torch_device()

@@ -39,31 +39,22 @@ def median(values):
 # --- one case, in its own process ------------------------------------------------------------
 
 def run_case(mode, comfy_dir, depth, vram_gib, reps):
-    sys.path[:0] = [comfy_dir, REPO]
+    sys.path[:0] = [comfy_dir, REPO, HERE]
     sys.argv = [sys.argv[0]]
     import torch
     import comfy.options
     comfy.options.enable_args_parsing()
     import comfy.model_management as mm
     import comfy.model_patcher
-    import comfy.supported_models
     from comfy_node import lifecycle
     from comfy_node.native import require
     from comfy_node.weights import cpu_storage_ranges
 
     native = require()
     native.configure(headroom_gib=8.0)
-    cfg = dict(image_model="flux", in_channels=16, patch_size=2, out_channels=16, vec_in_dim=768, context_in_dim=4096,
-               hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=depth, depth_single_blocks=2 * depth,
-               axes_dim=[16, 56, 56], theta=10000, qkv_bias=True, guidance_embed=True)
-    config = comfy.supported_models.Flux(cfg)
-    config.set_inference_dtype(torch.bfloat16, None)
-    model = config.get_model({}, "")
+    import flux_model
+    model, cfg = flux_model.build(depth, tiny=False)
     torch.manual_seed(0)  # the same step inputs in every case, so outputs compare bit for bit
-    # Cheap deterministic values (a random fill of 24 GB takes a minute per case).
-    with torch.no_grad():
-        for index, p in enumerate(model.parameters()):
-            p.fill_(0.002 * ((index % 7) - 3))
     params = [p.data for p in model.parameters()]
     model_bytes = sum(p.nbytes for p in params)
     result = dict(mode=mode, model_bytes=model_bytes, tensors=len(params))

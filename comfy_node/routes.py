@@ -32,13 +32,21 @@ async def _json_body(request):
     return body
 
 
+def _refused(request, action: str):
+    """The error response for a request from another origin, or without the native module."""
+    if _foreign_origin(request):
+        return web.json_response({"error": f"requests from another origin may not {action} Viking's state"}, status=403)
+    if native is None:
+        return web.json_response({"error": INSTALL_HINT}, status=503)
+    return None
+
+
 @PromptServer.instance.routes.get("/viking/status")
 async def viking_status(request):
     """The status JSON (what the status node shows), plus its text form under "text"."""
-    if _foreign_origin(request):
-        return web.json_response({"error": "requests from another origin may not read Viking's state"}, status=403)
-    if native is None:
-        return web.json_response({"error": INSTALL_HINT}, status=503)
+    refused = _refused(request, "read")
+    if refused:
+        return refused
     status = json.loads(native.status_json(probe_cuda=request.query.get("probe_cuda") == "1"))
     status["text"] = status_text(status)
     return web.json_response(status)
@@ -47,10 +55,9 @@ async def viking_status(request):
 @PromptServer.instance.routes.post("/viking/unpin")
 async def viking_unpin(request):
     """{"owner": <id from the status>} releases one model's pins; {"all": true} every pin."""
-    if _foreign_origin(request):
-        return web.json_response({"error": "requests from another origin may not change Viking's state"}, status=403)
-    if native is None:
-        return web.json_response({"error": INSTALL_HINT}, status=503)
+    refused = _refused(request, "change")
+    if refused:
+        return refused
     body = await _json_body(request)
     if body.get("all") is True:
         return web.json_response({"released_bytes": lifecycle.unpin(None)})
@@ -71,8 +78,9 @@ async def viking_engine_get(request):
 @PromptServer.instance.routes.post("/viking/engine")
 async def viking_engine_set(request):
     """{"enabled": true|false}: engine mode on or off (the settings dialog calls this)."""
-    if _foreign_origin(request):
-        return web.json_response({"error": "requests from another origin may not change Viking's state"}, status=403)
+    refused = _refused(request, "change")
+    if refused:
+        return refused
     body = await _json_body(request)
     if engine_mode.ENV in os.environ:
         return web.json_response({"engine_mode": engine_mode.enabled(), "error": f"engine mode is fixed by {engine_mode.ENV} for this server"}, status=409)
