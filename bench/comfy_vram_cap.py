@@ -4,7 +4,7 @@ the forward pass must give the same bits as the uncapped one. On a GPU it also t
 at each cap, with Viking's pins and with ComfyUI's own pinning (same cap, no Viking pins),
 against the floor max(streamed bytes / link bandwidth, all-in-VRAM compute).
 
-usage: python bench/comfy_vram_cap.py COMFY_DIR OUT.json [--cpu] [--depth N] [--caps G,G,...] [--reps N]
+usage: python bench/comfy_vram_cap.py COMFY_DIR OUT.json [--cpu] [--depth N] [--caps G,G,...] [--reps N] [--no-devicemap]
 """
 
 import json
@@ -15,6 +15,7 @@ import time
 
 comfy_dir, out_path = sys.argv[1], sys.argv[2]
 cpu = "--cpu" in sys.argv
+devicemap = "--no-devicemap" not in sys.argv
 
 
 def arg(name, default, kind=float):
@@ -39,6 +40,7 @@ from comfy_node import lifecycle  # noqa: E402
 from comfy_node.native import require  # noqa: E402
 
 native = require()
+native.configure(cuda_devicemap=devicemap)
 GIB = 1 << 30
 model, cfg = flux_model.build(depth, tiny=cpu)
 model_bytes = sum(p.nbytes for p in model.parameters())
@@ -114,7 +116,7 @@ for mode in ["viking"] + ([] if cpu else ["comfy"]):
 
 result = dict(bench="comfy_vram_cap", date=time.strftime("%Y-%m-%d"),
               device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              model_bytes=model_bytes, link_gb_per_s=limit, all_in_vram_step_s=round(all_in_vram, 4), rows=rows,
+              model_bytes=model_bytes, cuda_devicemap=devicemap, link_gb_per_s=limit, all_in_vram_step_s=round(all_in_vram, 4), rows=rows,
               ok=all(r["under_cap"] and r["identical"] for r in rows))
 with open(out_path, "w") as out:
     json.dump(result, out, indent=1)

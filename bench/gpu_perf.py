@@ -12,7 +12,8 @@ leaks from one into the next.
   low_builtin  the same with ComfyUI's built-in pinning
   low_viking   the same with Viking (ComfyUI's built-in pinning still on)
 
-usage: python bench/gpu_perf.py COMFY_DIR OUT.json [--depth 19] [--vram-gib 12] [--reps 5]
+usage: python bench/gpu_perf.py COMFY_DIR OUT.json [--depth 19] [--vram-gib 12] [--reps 5] [--modes a,b]
+       [--no-devicemap]   (Viking registers PORTABLE only, as ComfyUI does)
 """
 
 import ctypes
@@ -26,6 +27,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 GIB = 1 << 30
+DEVICEMAP = "--no-devicemap" not in sys.argv  # read before run_case resets sys.argv for ComfyUI
 
 
 def arg(name, default, kind=float):
@@ -51,7 +53,7 @@ def run_case(mode, comfy_dir, depth, vram_gib, reps):
     from comfy_node.weights import cpu_storage_ranges
 
     native = require()
-    native.configure(headroom_gib=8.0)
+    native.configure(headroom_gib=8.0, cuda_devicemap=DEVICEMAP)
     import flux_model
     model, cfg = flux_model.build(depth, tiny=False)
     torch.manual_seed(0)  # the same step inputs in every case, so outputs compare bit for bit
@@ -207,8 +209,9 @@ def main():
     for mode in modes:
         started = time.perf_counter()
         try:
+            flags = [] if DEVICEMAP else ["--no-devicemap"]
             done = subprocess.run([sys.executable, __file__, comfy_dir, out, "--mode", mode, "--depth", str(depth),
-                                   "--vram-gib", str(vram_gib), "--reps", str(reps)], capture_output=True, text=True, timeout=200)
+                                   "--vram-gib", str(vram_gib), "--reps", str(reps)] + flags, capture_output=True, text=True, timeout=200)
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
             cases[mode] = json.loads(lines[-1]) if done.returncode == 0 and lines else dict(error=done.stderr[-3000:])
         except subprocess.TimeoutExpired:
@@ -236,7 +239,7 @@ def main():
     summary["outputs_identical"] = len(set(checksums.values())) == 1
     result = dict(bench="gpu_perf", date=time.strftime("%Y-%m-%d"), device=torch.cuda.get_device_name(),
                   driver=os.popen("nvidia-smi --query-gpu=driver_version --format=csv,noheader").read().strip(),
-                  torch=torch.__version__, depth=depth, vram_left_gib=vram_gib, reps=reps, summary=summary, cases=cases)
+                  torch=torch.__version__, cuda_devicemap=DEVICEMAP, depth=depth, vram_left_gib=vram_gib, reps=reps, summary=summary, cases=cases)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(summary, indent=1))

@@ -40,6 +40,7 @@ class PinSettings:
 
 _settings: dict[int, PinSettings] = {}  # owner -> settings
 _vram_caps: dict[int, int] = {}  # owner -> bytes of weights allowed in VRAM
+_patchers: dict[int, weakref.ref] = {}  # owner -> the last patcher seen (for the status)
 _finalizers: dict[int, weakref.finalize] = {}
 _last_reports: dict[int, dict] = {}
 _unpin_count = 0  # bumped by every unpin: pin nodes re-run after one
@@ -217,9 +218,12 @@ def set_vram_cap(patcher, cap_gib: float):
         _vram_caps.pop(owner, None)
 
 
-def vram_usage(patcher) -> tuple[int, int]:
-    """(VRAM cap in bytes or 0, bytes of weights ComfyUI has in VRAM now)."""
-    return _vram_caps.get(owner_of(patcher), 0), int(patcher.loaded_size())
+def vram_usage(owner: int) -> tuple[int, int] | None:
+    """(VRAM cap in bytes or 0, bytes of the model's weights in VRAM now), while it lives."""
+    patcher = _patchers[owner]() if owner in _patchers else None
+    if patcher is None:
+        return None
+    return _vram_caps.get(owner, 0), int(patcher.loaded_size())
 
 
 def attach(patcher, settings: PinSettings) -> dict | None:
@@ -230,6 +234,7 @@ def attach(patcher, settings: PinSettings) -> dict | None:
         require().configure(headroom_gib=settings.headroom_gib if settings.headroom_gib > 0 else -1.0)
     owner = owner_of(patcher)
     _settings[owner] = settings
+    _patchers[owner] = weakref.ref(patcher)
     for event in (ext.CallbacksMP.ON_LOAD, ext.CallbacksMP.ON_DETACH, ext.CallbacksMP.ON_CLEANUP, ext.CallbacksMP.ON_INJECT_MODEL):
         if not patcher.get_callbacks(event, KEY):
             patcher.add_callback_with_key(event, KEY, _on_event)
@@ -245,6 +250,7 @@ def _forget(owner: int):
     """The model is gone (ComfyUI dropped it): release every pin it had."""
     _settings.pop(owner, None)
     _vram_caps.pop(owner, None)
+    _patchers.pop(owner, None)
     _last_reports.pop(owner, None)
     _finalizers.pop(owner, None)
     try:

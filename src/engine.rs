@@ -82,6 +82,8 @@ pub struct State {
     /// (pswpin, pswpout) when the engine started, and at the last marked status.
     pub swaps_at_start: Option<(u64, u64)>,
     pub swaps_at_last_run: Option<(u64, u64)>,
+    /// CUDA registrations also map into the device (DEVICEMAP); see CudaBackend.
+    pub cuda_devicemap: bool,
     cuda: Option<std::result::Result<Arc<CudaBackend>, VikingError>>,
 }
 
@@ -97,8 +99,15 @@ impl State {
 
     /// The CUDA backend for the configured device, opened once.
     pub fn cuda(&mut self) -> std::result::Result<Arc<CudaBackend>, VikingError> {
-        let device = self.device;
-        self.cuda.get_or_insert_with(|| CudaBackend::open(device).map(Arc::new)).clone()
+        let (device, devicemap) = (self.device, self.cuda_devicemap);
+        self.cuda
+            .get_or_insert_with(|| {
+                CudaBackend::open(device).map(|cuda| {
+                    cuda.set_devicemap(devicemap);
+                    Arc::new(cuda)
+                })
+            })
+            .clone()
     }
 
     pub fn cuda_opened(&self) -> bool {
@@ -162,6 +171,7 @@ impl Engine {
                 foreign_bytes: 0,
                 swaps_at_start: sys::os::swap_counters(),
                 swaps_at_last_run: sys::os::swap_counters(),
+                cuda_devicemap: true,
                 cuda: None,
             }),
             oslock: OsLock::new().ok().map(Arc::new),
@@ -229,7 +239,7 @@ impl Engine {
 
     /// Sets the shared budget policy and the CUDA device. Pins already held stay; the next
     /// reconcile honours the new budget.
-    pub fn configure(&self, policy: Policy, device: i32) -> Result<()> {
+    pub fn configure(&self, policy: Policy, device: i32, cuda_devicemap: Option<bool>) -> Result<()> {
         if device < 0 {
             return Err(VikingError::invalid(format!("device is {device}; CUDA device numbers start at 0")));
         }
@@ -249,6 +259,12 @@ impl Engine {
             state.device = device;
         }
         state.policy = policy;
+        if let Some(devicemap) = cuda_devicemap {
+            state.cuda_devicemap = devicemap;
+            if let Some(Ok(cuda)) = &state.cuda {
+                cuda.set_devicemap(devicemap);
+            }
+        }
         Ok(())
     }
 
@@ -534,7 +550,7 @@ mod tests {
     fn reconcile_pins_releases_and_is_idempotent() {
         let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let engine = Engine::new();
-        engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0).unwrap();
+        engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
         let (a, keep_a) = buffer(8 * MIB);
         let (b, keep_b) = buffer(8 * MIB);
         let before = locked_kib();
@@ -566,7 +582,7 @@ mod tests {
     fn higher_priority_evicts_lower_within_a_user_budget() {
         let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let engine = Engine::new();
-        engine.configure(Policy::from_user(12.0 / 1024.0, 0.0, 0.0).unwrap(), 0).unwrap(); // 12 MiB
+        engine.configure(Policy::from_user(12.0 / 1024.0, 0.0, 0.0).unwrap(), 0, None).unwrap(); // 12 MiB
         let (a, keep_a) = buffer(8 * MIB);
         let (b, keep_b) = buffer(8 * MIB);
         let low = engine.reconcile(request(10, 0, vec![(a, 8 * MIB as u64, keep_a)])).unwrap();
@@ -583,7 +599,7 @@ mod tests {
     fn injected_faults_leave_a_consistent_ledger() {
         let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let engine = Engine::new();
-        engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0).unwrap();
+        engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
         let buffers: Vec<(u64, Keepalive)> = (0..3).map(|_| buffer(4 * MIB)).collect();
         let ranges = || buffers.iter().map(|(a, k)| (*a, 4 * MIB as u64, k.clone())).collect::<Vec<_>>();
         let before = locked_kib();
@@ -624,8 +640,8 @@ mod tests {
             let error = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).err().unwrap();
             assert!(matches!(error, VikingError::InvalidInput(_)), "{error}");
         }
-        assert!(engine.configure(Policy::default(), -1).is_err());
-        assert!(engine.configure(Policy::default(), 64).is_err());
+        assert!(engine.configure(Policy::default(), -1, None).is_err());
+        assert!(engine.configure(Policy::default(), 64, None).is_err());
         assert_eq!(engine.lock().ledger.total_bytes(), 0);
     }
 

@@ -67,13 +67,15 @@ fn gib_to_bytes(gib: f64, what: &str) -> PyResult<Option<u64>> {
 }
 
 /// Sets the shared budget. budget_gib: 0 = auto; share: of RAM, 0 = unused; headroom_gib:
-/// RAM to keep un-pinned, negative = auto; device: the CUDA device to register with.
+/// RAM to keep un-pinned, negative = auto; device: the CUDA device to register with;
+/// cuda_devicemap: CUDA registrations also map into the device (PORTABLE|DEVICEMAP, the
+/// default; False: PORTABLE only, as ComfyUI's own pinning; None: leave as it is).
 #[pyfunction]
-#[pyo3(signature = (budget_gib = 0.0, share = 0.0, headroom_gib = -1.0, device = 0))]
-fn configure(py: Python<'_>, budget_gib: f64, share: f64, headroom_gib: f64, device: i64) -> PyResult<()> {
+#[pyo3(signature = (budget_gib = 0.0, share = 0.0, headroom_gib = -1.0, device = 0, cuda_devicemap = None))]
+fn configure(py: Python<'_>, budget_gib: f64, share: f64, headroom_gib: f64, device: i64, cuda_devicemap: Option<bool>) -> PyResult<()> {
     let policy = Policy::from_user(budget_gib, share, headroom_gib)?;
     let device = i32::try_from(device).map_err(|_| PyValueError::new_err(format!("device {device} does not exist")))?;
-    guarded(py, || engine().configure(policy, device))
+    guarded(py, || engine().configure(policy, device, cuda_devicemap))
 }
 
 /// Makes `owner`'s pins match `ranges` (an iterable of (data_ptr, nbytes, keepalive) whose

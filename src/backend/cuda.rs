@@ -26,6 +26,9 @@ pub struct CudaBackend {
     device: CUdevice,
     context: CUcontext,
     info: DeviceInfo,
+    /// Register with DEVICEMAP as well as PORTABLE (the default). Off: PORTABLE only, as
+    /// ComfyUI's own pinning does; for the measurement of what the device mapping costs.
+    devicemap: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: a CUcontext handle may be used from any thread (the driver is thread safe); this
@@ -81,11 +84,16 @@ impl CudaBackend {
             return Err(unavailable(format!("{} does not support cuMemHostRegister", info.name)));
         }
         let context = cuda::primary_context_retain(device)?;
-        Ok(CudaBackend { device, context, info })
+        Ok(CudaBackend { device, context, info, devicemap: std::sync::atomic::AtomicBool::new(true) })
     }
 
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// Whether later registrations also map the memory into the device (DEVICEMAP).
+    pub fn set_devicemap(&self, on: bool) {
+        self.devicemap.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Runs `call` with our primary context current, then puts back whatever was current, so
@@ -131,7 +139,8 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn pin(&self, addr: u64, len: u64) -> Result<()> {
-        let flags = cuda::REGISTER_PORTABLE | cuda::REGISTER_DEVICEMAP;
+        let devicemap = self.devicemap.load(std::sync::atomic::Ordering::Relaxed);
+        let flags = cuda::REGISTER_PORTABLE | if devicemap { cuda::REGISTER_DEVICEMAP } else { 0 };
         self.with_context(|| cuda::host_register(addr as usize, len as usize, flags))
     }
 
