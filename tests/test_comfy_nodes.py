@@ -182,3 +182,20 @@ def test_bad_input_gets_clear_messages_and_the_queue_keeps_running(server):
         server.run_prompt(cuda)
     # The queue still works.
     assert server.run_prompt(api)["status"]["status_str"] == "success"
+
+
+def test_v1_fallback_for_older_comfyui(checkpoint, tmp_path):
+    """The classic NODE_CLASS_MAPPINGS classes (what an older ComfyUI without comfy_api loads)
+    list the same nodes and run the example workflow to the same pins."""
+    base = prepare_base_dir(tmp_path / "v1", checkpoint=checkpoint, custom_nodes={"viking_engine": REPO})
+    with ComfyServer(base, env={"VIKING_FORCE_V1_NODES": "1"}) as server:
+        assert "Viking Engine" not in server.log_text() or "Cannot import" not in server.log_text()
+        for node_id in NODE_IDS:
+            assert server.get(f"/object_info/{node_id}")[node_id]["category"] == "Viking"
+        pin = server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["required"]
+        assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "vram_cap_gib"]
+        entry = server.run_prompt(api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info()))
+        assert any("Pinned" in out["text"][0] for out in entry["outputs"].values() if "text" in out)
+        state = status(server)
+        assert {o["label"].split()[0] for o in state["owners"]} == {"MODEL", "CLIP", "VAE"}
+        assert locked_bytes(server.pid) >= state["pinned_bytes"] > 300e6
