@@ -134,6 +134,7 @@ pub fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64) -> MemorySnapsh
     let mut system = sysinfo::System::new();
     system.refresh_memory();
     let cgroup = system.cgroup_limits();
+    let commit = sys::os::commit_charge();
     let mut available = system.available_memory();
     if let Some(limits) = &cgroup {
         available = available.min(limits.free_memory);
@@ -146,8 +147,8 @@ pub fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64) -> MemorySnapsh
         container_limit: cgroup.map(|c| c.total_memory).filter(|&limit| limit > 0 && limit < system.total_memory()),
         pinned_by_us,
         pinned_by_others,
-        commit_limit: sys::os::commit_charge().map(|c| c.0),
-        commit_available: sys::os::commit_charge().map(|c| c.1),
+        commit_limit: commit.map(|c| c.0),
+        commit_available: commit.map(|c| c.1),
         os: Os::current(),
     }
 }

@@ -58,6 +58,21 @@ fn lost() -> VikingError {
     VikingError::Cuda { call: "fault injection", code: 46, name: "CUDA_ERROR_DEVICE_UNAVAILABLE (injected)".into() }
 }
 
+impl Faulty {
+    /// Counts this call and fails it if the faults say so.
+    fn check(&self, calls: &AtomicU64, nth: fn(&Faults) -> u64, what: &str) -> Result<()> {
+        let faults = self.state.get();
+        let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if faults.device_lost {
+            return Err(lost());
+        }
+        if nth(&faults) == call {
+            return Err(injected(what, self.kind()));
+        }
+        Ok(())
+    }
+}
+
 impl Backend for Faulty {
     fn kind(&self) -> BackendKind {
         self.inner.kind()
@@ -66,25 +81,11 @@ impl Backend for Faulty {
         self.inner.accepts(kind)
     }
     unsafe fn pin(&self, addr: u64, len: u64) -> Result<()> {
-        let faults = self.state.get();
-        let call = self.state.pins.fetch_add(1, Ordering::SeqCst) + 1;
-        if faults.device_lost {
-            return Err(lost());
-        }
-        if faults.fail_pin_nth == call {
-            return Err(injected("pin", self.kind()));
-        }
+        self.check(&self.state.pins, |f| f.fail_pin_nth, "pin")?;
         self.inner.pin(addr, len)
     }
     unsafe fn unpin(&self, addr: u64, len: u64) -> Result<()> {
-        let faults = self.state.get();
-        let call = self.state.unpins.fetch_add(1, Ordering::SeqCst) + 1;
-        if faults.device_lost {
-            return Err(lost());
-        }
-        if faults.fail_unpin_nth == call {
-            return Err(injected("unpin", self.kind()));
-        }
+        self.check(&self.state.unpins, |f| f.fail_unpin_nth, "unpin")?;
         self.inner.unpin(addr, len)
     }
     fn quiesce(&self) {
