@@ -11,6 +11,11 @@ freed while registered), and we reconcile *after*:
   injection (partially_unload has no callback of its own);
 - ON_CLEANUP: after each sampling run, when the model is idle;
 - a weakref finalizer on the torch module: ComfyUI dropped the model -> release everything.
+
+Two steering points have no callback at all: `partially_load` (the VRAM cap: a thin wrapper on
+the patcher instance, `_install_vram_cap`) and the moment ComfyUI copies weights back to RAM
+(the pinned home: an instance-level `to` on the model's modules, see home.py). Both act only
+for models Viking pins.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 import weakref
 from dataclasses import dataclass
 
+from . import home
 from .native import require
 from .weights import cpu_storage_ranges, module_tensors
 
@@ -36,6 +42,7 @@ class PinSettings:
     priority: int = 0
     node_id: str = ""
     vram_cap_gib: float = 0.0  # at most this much of the model's weights in VRAM; 0: ComfyUI decides
+    pinned_home: bool = True  # keep the pinned RAM copy while the weights are in VRAM (home.py)
 
 
 _settings: dict[int, PinSettings] = {}  # owner -> settings
@@ -105,8 +112,9 @@ def _aimdo_storage(tensor) -> bool:
 
 def patcher_tensors(patcher) -> list:
     """The weights of a patcher that can sit in host RAM: the module's parameters and buffers,
-    and the original weights ComfyUI keeps in `backup` while LoRA patches are applied."""
-    tensors = module_tensors(patcher.model)
+    the original weights ComfyUI keeps in `backup` while LoRA patches are applied, and the
+    pinned home of the weights in VRAM."""
+    tensors = module_tensors(patcher.model) + home.held_tensors(owner_of(patcher))
     for backup in getattr(patcher, "backup", {}).values():
         weight = getattr(backup, "weight", None)
         if weight is not None:
@@ -128,10 +136,29 @@ def reconcile(patcher) -> dict | None:
         report = {"owner": owner, "pinned_bytes": 0, "wanted_bytes": 0, "standing_aside": "ComfyUI dynamic VRAM mode pins these weights itself (read-only file mappings): Viking leaves them alone"}
         _last_reports[owner] = report
         return report
+    if settings.pinned_home and _home_useful(patcher):
+        home.update(patcher, owner)
+    else:
+        home.drop(owner)
+    report = _reconcile_ranges(native, patcher, settings)
+    if home.held_bytes(owner) and _short_of_room(report):
+        # All or nothing: a model whose home does not fit gets ComfyUI's ordinary unload.
+        home.drop_held(owner)
+        report = _reconcile_ranges(native, patcher, settings)
+        report["home_note"] = "no pinned home: the budget has no room for a RAM copy of the weights in VRAM"
+    report["home_bytes"] = home.held_bytes(owner)
+    _last_reports[owner] = report
+    for failure in report["failures"]:
+        log.warning("Viking Engine: a pin failed for %s: %s", settings.label, failure)
+    return report
+
+
+def _reconcile_ranges(native, patcher, settings: PinSettings) -> dict:
+    owner = owner_of(patcher)
     ranges, pinned_elsewhere = cpu_storage_ranges(patcher_tensors(patcher))
     comfy_ranges, comfy_total = comfy_pins()
     _wait_for_copies()
-    report = json.loads(native.reconcile(
+    return json.loads(native.reconcile(
         owner, ranges,
         priority=settings.priority,
         backend=settings.backend,
@@ -140,10 +167,17 @@ def reconcile(patcher) -> dict | None:
         foreign=pinned_elsewhere + comfy_ranges,
         others_pinned_bytes=comfy_total,
     ))
-    _last_reports[owner] = report
-    for failure in report["failures"]:
-        log.warning("Viking Engine: a pin failed for %s: %s", settings.label, failure)
-    return report
+
+
+def _short_of_room(report: dict) -> bool:
+    return any(skip["reason"] in ("over_budget", "failed") for skip in report["skipped"])
+
+
+def _home_useful(patcher) -> bool:
+    """A home only saves work when weights move between a GPU and RAM (not in --cpu or
+    --gpu-only mode)."""
+    load, offload = getattr(patcher, "load_device", None), getattr(patcher, "offload_device", None)
+    return getattr(offload, "type", None) == "cpu" and getattr(load, "type", "cpu") != "cpu"
 
 
 def _wait_for_copies():
@@ -179,12 +213,10 @@ def _install_vram_cap(patcher):
     callback for a per-model limit, so this one patcher instance gets a thin wrapper that trims
     `extra_memory` to the cap; ComfyUI's own lowvram machinery then streams the rest from RAM
     (pinned by Viking). Clones get it again through ON_CLONE (instance attributes do not survive
-    clone())."""
+    clone()). It does nothing for a model without a cap."""
     if "partially_load" in vars(patcher):
         return
-    original = type(patcher).partially_load
-    owner = owner_of(patcher)
-    weak = weakref.ref(patcher)
+    cls, owner, weak = type(patcher), owner_of(patcher), weakref.ref(patcher)
 
     def partially_load(device_to, extra_memory=0, force_patch_weights=False):
         this = weak()
@@ -194,28 +226,35 @@ def _install_vram_cap(patcher):
             extra_memory = min(extra_memory, cap - loaded)
             if loaded == 0 and extra_memory <= 0:
                 extra_memory = 1  # load nothing: every weight streams (0 would mean "no limit")
-        return original(this, device_to, extra_memory, force_patch_weights=force_patch_weights)
+        return cls.partially_load(this, device_to, extra_memory, force_patch_weights=force_patch_weights)
 
     patcher.partially_load = partially_load
 
 
 def _on_clone(original, clone):
-    if _vram_caps.get(owner_of(original)):
+    if owner_of(original) in _settings:
         _install_vram_cap(clone)
 
 
 def set_vram_cap(patcher, cap_gib: float):
     """At most `cap_gib` GiB of this model's weights in VRAM (0: ComfyUI decides)."""
-    import comfy.patcher_extension as ext
-
     owner = owner_of(patcher)
     if cap_gib > 0:
         _vram_caps[owner] = int(cap_gib * GIB)
-        _install_vram_cap(patcher)
-        if not patcher.get_callbacks(ext.CallbacksMP.ON_CLONE, KEY):
-            patcher.add_callback_with_key(ext.CallbacksMP.ON_CLONE, KEY, _on_clone)
     else:
         _vram_caps.pop(owner, None)
+
+
+def annotate(status: dict) -> dict:
+    """Adds what only the Python side knows to each owner of the native status: the VRAM its
+    weights take (and the cap), and the RAM its pinned home holds for them."""
+    for entry in status.get("owners", []):
+        owner = entry["owner"]
+        usage = vram_usage(owner)
+        entry["vram_cap_bytes"], entry["vram_bytes"] = usage if usage is not None else (0, None)
+        entry["home_bytes"] = home.held_bytes(owner)
+        entry["pinned_home"] = home.has_home(owner)
+    return status
 
 
 def vram_usage(owner: int) -> tuple[int, int] | None:
@@ -238,6 +277,10 @@ def attach(patcher, settings: PinSettings) -> dict | None:
     for event in (ext.CallbacksMP.ON_LOAD, ext.CallbacksMP.ON_DETACH, ext.CallbacksMP.ON_CLEANUP, ext.CallbacksMP.ON_INJECT_MODEL):
         if not patcher.get_callbacks(event, KEY):
             patcher.add_callback_with_key(event, KEY, _on_event)
+    if not patcher.get_callbacks(ext.CallbacksMP.ON_CLONE, KEY):
+        patcher.add_callback_with_key(ext.CallbacksMP.ON_CLONE, KEY, _on_clone)
+    _install_vram_cap(patcher)
+    home.install(patcher.model, owner)
     set_vram_cap(patcher, settings.vram_cap_gib)
     if hasattr(patcher, "set_injections") and KEY not in getattr(patcher, "injections", {}):
         patcher.set_injections(KEY, [ext.PatcherInjection(inject=_noop, eject=_noop)])
@@ -253,6 +296,7 @@ def _forget(owner: int):
     _patchers.pop(owner, None)
     _last_reports.pop(owner, None)
     _finalizers.pop(owner, None)
+    home.drop(owner)
     try:
         require().release(owner)
     except Exception as error:  # noqa: BLE001 - runs from a finalizer: must not raise
@@ -266,6 +310,8 @@ def unpin(patcher=None) -> int:
         return unpin_owner(owner_of(patcher))
     _unpin_count += 1
     _wait_for_copies()
+    for owner in list(_settings):
+        home.drop(owner)
     _settings.clear()
     _last_reports.clear()
     return require().release_all()
@@ -278,4 +324,5 @@ def unpin_owner(owner: int) -> int:
     _wait_for_copies()
     _settings.pop(owner, None)
     _last_reports.pop(owner, None)
+    home.drop(owner)
     return require().release(owner)

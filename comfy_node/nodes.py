@@ -21,6 +21,10 @@ SETTINGS_INPUTS = [
           tooltip="auto: CUDA registration when a GPU is present (fast DMA, no swap), else an OS page lock (no swap)."),
     Input("priority", "INT", default=0, min=-100, max=100,
           tooltip="When the budget is short, pins of lower priority are released first."),
+    Input("pinned_home", "BOOLEAN", default=True,
+          tooltip="Keep the pinned RAM copy while the weights are in VRAM, so unloading costs nothing and "
+                  "reloading runs at full DMA speed. Costs RAM equal to the weights in VRAM (within the budget; "
+                  "without room the model unloads the ordinary way)."),
 ]
 
 
@@ -40,7 +44,7 @@ def _patcher_of(value, kind: str):
 
 
 def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float, backend: str, priority: int,
-         vram_cap_gib: float = 0.0) -> Result:
+         pinned_home: bool = True, vram_cap_gib: float = 0.0) -> Result:
     require()
     for name, number in (("budget_gib", budget_gib), ("headroom_gib", headroom_gib), ("vram_cap_gib", vram_cap_gib)):
         if not (0.0 <= float(number) <= 4096.0):  # also catches NaN
@@ -66,7 +70,7 @@ def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float,
     label = f"{kind} {type(patcher.model).__name__} (node #{node_id})"
     settings = lifecycle.PinSettings(label=label, budget_gib=float(budget_gib), headroom_gib=float(headroom_gib),
                                      backend=backend, priority=int(priority), node_id=node_id,
-                                     vram_cap_gib=float(vram_cap_gib))
+                                     vram_cap_gib=float(vram_cap_gib), pinned_home=bool(pinned_home))
     try:
         report = lifecycle.attach(patcher, settings)
     except require().BackendUnavailableError as error:
@@ -83,6 +87,10 @@ def _pin_text(report: dict, notes: list[str]) -> str:
     lines += [f"skipped {human(s['bytes'])}: {s['description']}" for s in report["skipped"]]
     lines += [f"released {human(b)} of a lower-priority model to make room" for _, b in report["evicted"]]
     lines += [f"failed: {f}" for f in report["failures"]]
+    if report.get("home_bytes"):
+        lines.append(f"pinned home: {human(report['home_bytes'])} of RAM kept for the weights in VRAM")
+    if report.get("home_note"):
+        lines.append(report["home_note"])
     return "\n".join(lines + notes)
 
 
@@ -92,7 +100,7 @@ VRAM_CAP = Input("vram_cap_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step
 
 
 def _status(node_id: str, after=None) -> Result:
-    status = json.loads(require().status_json(probe_cuda=True, mark_run=True))
+    status = lifecycle.annotate(json.loads(require().status_json(probe_cuda=True, mark_run=True)))
     text = status_text(status)
     return Result((text, json.dumps(status)), text)
 
@@ -121,7 +129,7 @@ def _pin_spec(node_id: str, kind: str, display: str, description: str, extra_inp
         inputs=[Input(name, kind)] + SETTINGS_INPUTS + list(extra_inputs),
         outputs=[Output(kind, kind)],
         run=lambda node_id, **i: _pin(node_id, kind, i[name], i["budget_gib"], i["headroom_gib"], i["backend"],
-                                      i["priority"], i.get("vram_cap_gib", 0.0)),
+                                      i["priority"], i.get("pinned_home", True), i.get("vram_cap_gib", 0.0)),
         # Cached like any node, but re-run after a Viking Unpin so the model is pinned again.
         fingerprint=lifecycle.unpin_generation,
     )

@@ -20,9 +20,11 @@ def status_text(status: dict) -> str:
     for owner in status["owners"]:
         backends = ", ".join(f"{name} {human(b)}" for name, b in owner["by_backend"].items()) or "nothing pinned"
         lines.append(f"- {owner['label'] or owner['owner']}: {human(owner['pinned_bytes'])} of {human(owner['wanted_bytes'])} in RAM pinned ({backends}); priority {owner['priority']}")
-        vram = lifecycle.vram_usage(owner["owner"])
-        if vram is not None and (vram[0] or vram[1]):
-            lines.append(f"    weights in VRAM {human(vram[1])}" + (f" (cap {human(vram[0])})" if vram[0] else ""))
+        if owner.get("vram_bytes") or owner.get("vram_cap_bytes"):
+            lines.append(f"    weights in VRAM {human(owner['vram_bytes'] or 0)}"
+                         + (f" (cap {human(owner['vram_cap_bytes'])})" if owner["vram_cap_bytes"] else ""))
+        if owner.get("home_bytes"):
+            lines.append(f"    pinned home: {human(owner['home_bytes'])} of RAM keeps those weights for a free unload")
         if owner.get("resident_bytes") is not None:
             lines.append(f"    in RAM {human(owner['resident_bytes'])}, swapped out {human(owner['swapped_bytes'])}")
         for skip in owner["skipped"]:

@@ -47,7 +47,7 @@ async def viking_status(request):
     refused = _refused(request, "read")
     if refused:
         return refused
-    status = json.loads(native.status_json(probe_cuda=request.query.get("probe_cuda") == "1"))
+    status = lifecycle.annotate(json.loads(native.status_json(probe_cuda=request.query.get("probe_cuda") == "1")))
     status["text"] = status_text(status)
     return web.json_response(status)
 

@@ -42,8 +42,8 @@ class Graph:
                 "links": self.links, "groups": [], "config": {}, "extra": {}, "version": 0.4}
 
 
-def pin_settings(budget_gib=0.0, headroom_gib=0.0, backend="auto", priority=0):
-    return [budget_gib, headroom_gib, backend, priority]
+def pin_settings(budget_gib=0.0, headroom_gib=0.0, backend="auto", priority=0, pinned_home=True):
+    return [budget_gib, headroom_gib, backend, priority, pinned_home]
 
 
 def model_pin_settings(vram_cap_gib=0.0, **settings):

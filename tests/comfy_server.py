@@ -53,22 +53,40 @@ def cached_checkpoint(seed=0, vae="kl"):
     return path
 
 
-def prepare_base_dir(base, custom_nodes=None, checkpoint=None, ckpt_name=CKPT_NAME):
+def cached_lora(seed=1):
+    """Path of the synthetic LoRA for the synthetic checkpoint, written once under .comfy/cache."""
+    cached_checkpoint()  # puts tests/ on sys.path
+    import synthetic_checkpoint
+
+    src_hash = hashlib.sha256(Path(synthetic_checkpoint.__file__).read_bytes()).hexdigest()[:10]
+    path = CACHE_DIR / f"synthetic_sd15_lora_s{seed}_{src_hash}.safetensors"
+    if not path.exists():
+        synthetic_checkpoint.make_lora(str(path), seed=seed)
+    return path
+
+
+def prepare_base_dir(base, custom_nodes=None, checkpoint=None, ckpt_name=CKPT_NAME, loras=None):
     """Make `base` a ComfyUI --base-directory and return it as a Path.
 
     custom_nodes: {folder_name: source_dir}; each source is COPIED to custom_nodes/<folder_name>,
         the way a user drops a node folder in (minus .git, .venv, target, caches).
     checkpoint: a .safetensors file to offer as models/checkpoints/<ckpt_name> (a symlink);
         default: the cached synthetic SD1.5 checkpoint, seed 0.
+    loras: {file_name: path} offered in models/loras/ (symlinks).
     """
     base = Path(base)
-    for sub in ("models/checkpoints", "custom_nodes", "input", "output"):
+    for sub in ("models/checkpoints", "models/loras", "custom_nodes", "input", "output"):
         # custom_nodes/ must exist: ComfyUI 0.3.75 crashes at start (prestartup scan) without it.
         (base / sub).mkdir(parents=True, exist_ok=True)
     link = base / "models" / "checkpoints" / ckpt_name
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(Path(checkpoint or cached_checkpoint()).resolve())
+    for name, path in (loras or {}).items():
+        lora_link = base / "models" / "loras" / name
+        if lora_link.is_symlink() or lora_link.exists():
+            lora_link.unlink()
+        lora_link.symlink_to(Path(path).resolve())
     for name, src in (custom_nodes or {}).items():
         dest = base / "custom_nodes" / name
         shutil.rmtree(dest, ignore_errors=True)
@@ -217,11 +235,12 @@ class ComfyServer:
     def run_prompt(self, api_graph, timeout=300):
         return self.wait_history(self.post_prompt(api_graph), timeout)
 
-    def free(self, unload_models=True, settle=0.5):
-        """POST /free: drop ComfyUI's node-output cache (and loaded models), so the next identical
-        prompt is computed again. ComfyUI applies it asynchronously when its worker is idle (it
-        wakes at once); `settle` seconds of grace before the next post_prompt."""
-        self._request("/free", json.dumps({"free_memory": True, "unload_models": unload_models}).encode())
+    def free(self, unload_models=True, settle=0.5, free_memory=True):
+        """POST /free: drop ComfyUI's node-output cache (free_memory) and/or unload the loaded
+        models to RAM (unload_models), so the next identical prompt is computed again. ComfyUI
+        applies it asynchronously when its worker is idle (it wakes at once); `settle` seconds of
+        grace before the next post_prompt."""
+        self._request("/free", json.dumps({"free_memory": free_memory, "unload_models": unload_models}).encode())
         time.sleep(settle)
 
     @staticmethod

@@ -211,6 +211,29 @@ def make_checkpoint(path, seed=0, vae="kl"):
     return path
 
 
+def make_lora(path, seed=1, rank=4, scale=0.5):
+    """A LoRA for the synthetic checkpoint's UNet (kohya key names, which ComfyUI maps to the
+    LDM keys: lora_unet_<key without "diffusion_model." and ".weight", dots as underscores>):
+    an up/down pair and alpha for every linear (2-D) UNet weight. Deterministic like the
+    checkpoint. Returns the path."""
+    from safetensors.numpy import save_file
+
+    tensors = {}
+    for name, shape, kind in unet_tensors():
+        if kind != W or len(shape) != 2:
+            continue
+        base = "lora_unet_" + name[len("model.diffusion_model."):-len(".weight")].replace(".", "_")
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        tensors[base + ".lora_up.weight"] = (rng.standard_normal((shape[0], rank)) * scale / np.sqrt(rank)).astype(np.float16)
+        tensors[base + ".lora_down.weight"] = (rng.standard_normal((rank, shape[1])) / np.sqrt(shape[1])).astype(np.float16)
+        tensors[base + ".alpha"] = np.array(float(rank), np.float16)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    save_file(tensors, tmp)
+    os.replace(tmp, path)
+    return path
+
+
 def check_in_comfy(path, comfy_dir):
     """Load `path` with ComfyUI in this process, sample 1 step at 64x64, decode; raise on trouble."""
     import logging

@@ -66,7 +66,7 @@ def test_object_info_lists_every_node_with_its_inputs(server):
         assert info["category"] == "Viking"
         assert info["display_name"].startswith("Viking")
     pin = server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["required"]
-    assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "vram_cap_gib"]
+    assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "pinned_home", "vram_cap_gib"]
     assert pin["backend"][1]["options"] == ["auto", "cuda", "os-lock"]
     assert pin["budget_gib"][1]["min"] == 0.0
     unpin = server.get("/object_info/VikingUnpin")["VikingUnpin"]["input"]["optional"]
@@ -170,7 +170,7 @@ def test_bad_input_gets_clear_messages_and_the_queue_keeps_running(server):
         server.run_prompt(bad)
     # A MODEL from another node pack that is not a ModelPatcher.
     foreign = {"1": {"class_type": "ForeignModel", "inputs": {}},
-               "2": {"class_type": "VikingPinModel", "inputs": {"model": ["1", 0], "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0, "vram_cap_gib": 0.0}},
+               "2": {"class_type": "VikingPinModel", "inputs": {"model": ["1", 0], "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0, "pinned_home": True, "vram_cap_gib": 0.0}},
                "3": {"class_type": "VikingMemoryStatus", "inputs": {"after": ["2", 0]}}}
     with pytest.raises(ComfyError, match="needs a ComfyUI MODEL input backed by a ModelPatcher"):
         server.run_prompt(foreign)
@@ -193,7 +193,7 @@ def test_v1_fallback_for_older_comfyui(checkpoint, tmp_path):
         for node_id in NODE_IDS:
             assert server.get(f"/object_info/{node_id}")[node_id]["category"] == "Viking"
         pin = server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["required"]
-        assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "vram_cap_gib"]
+        assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "pinned_home", "vram_cap_gib"]
         entry = server.run_prompt(api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info()))
         assert any("Pinned" in out["text"][0] for out in entry["outputs"].values() if "text" in out)
         state = status(server)

@@ -60,7 +60,9 @@ app.registerExtension({
       for (const owner of status.owners) {
         const backends = Object.entries(owner.by_backend).map(([name, bytes]) => `${name} ${human(bytes)}`).join(", ") || "none";
         const swapped = owner.swapped_bytes ? `, ${human(owner.swapped_bytes)} swapped` : "";
-        const line = row(panel, "viking-owner", `  ${owner.label || owner.owner}: ${human(owner.pinned_bytes)} pinned (${backends})${swapped}`);
+        const vram = owner.vram_bytes ? `, ${human(owner.vram_bytes)} in VRAM` : "";
+        const home = owner.home_bytes ? ` (pinned home ${human(owner.home_bytes)})` : "";
+        const line = row(panel, "viking-owner", `  ${owner.label || owner.owner}: ${human(owner.pinned_bytes)} pinned (${backends})${swapped}${vram}${home}`);
         line.dataset.owner = String(owner.owner);
         line.dataset.pinnedBytes = String(owner.pinned_bytes);
         line.dataset.label = owner.label;

@@ -1,0 +1,192 @@
+"""Pinned home: the pinned RAM copy of each weight stays alive while the weight sits in VRAM.
+
+Why (ComfyUI 0.3.75, comfy/model_patcher.py): loading moves a weight with `module.to(gpu)`, which
+swaps `param.data` for a GPU tensor and frees the CPU one; unloading (`unpatch_model`, and
+`partially_unload` when another model needs the room) calls `.to(cpu)`, which allocates fresh
+pageable memory and copies every byte back. With a home, the CPU tensor is kept (and stays
+pinned in the ledger), and just before ComfyUI moves a weight back to the CPU we point the
+weight at its home again: `.to(cpu)` then finds it already there and copies nothing. The next
+load reads from pinned memory at DMA speed.
+
+A home always holds the *unpatched* weight. LoRA and other weight patches go through
+`patcher.backup` (ComfyUI restores those keys itself; their originals are the homes) and hook
+patches through `patcher.hook_backup`: such keys are never redirected. A VRAM copy is only
+replaced by its home when it is the very tensor the load made and it was never written since
+(same data pointer, same version counter); anything else takes ComfyUI's ordinary path.
+Where the redirect hooks in: see `install`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from itertools import chain
+
+
+@dataclass
+class Home:
+    tensors: dict = field(default_factory=dict)  # weight name -> CPU tensor with the unpatched value
+    stamps: dict = field(default_factory=dict)  # weight name -> (data_ptr, version) of its VRAM copy
+    held: list = field(default_factory=list)  # the home tensors of weights now in VRAM: extra RAM
+
+    def held_bytes(self) -> int:
+        storages = (t.untyped_storage() for t in self.held)
+        return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
+
+
+_homes: dict[int, Home] = {}  # owner -> its home
+
+
+def _named_weights(module, prefix=""):
+    return chain(module.named_parameters(prefix=prefix), module.named_buffers(prefix=prefix))
+
+
+def _patched_names(patcher) -> tuple[dict, dict]:
+    return getattr(patcher, "backup", {}) or {}, getattr(patcher, "hook_backup", {}) or {}
+
+
+def update(patcher, owner: int):
+    """Brings `owner`'s home up to date with where its weights are now. The home tensors of
+    weights in VRAM (`held`) are extra RAM, pinned along with the rest."""
+    home = _homes.setdefault(owner, Home())
+    backup, hook_backup = _patched_names(patcher)
+    held, seen = [], set()
+    for name, weight in _named_weights(patcher.model):
+        seen.add(name)
+        if name in hook_backup:
+            continue  # hook-patched now; the home (if any) was taken before the hook applied
+        current = backup[name].weight if name in backup else weight
+        if current.device.type == "cpu":
+            home.tensors[name] = current.data
+            home.stamps.pop(name, None)
+            continue
+        if name in home.tensors and home.stamps.get(name) == (weight.data_ptr(), weight._version):
+            held.append(home.tensors[name])  # its VRAM copy came from this home (see `install`)
+        else:
+            home.tensors.pop(name, None)
+            home.stamps.pop(name, None)
+    for name in set(home.tensors) - seen:
+        home.tensors.pop(name)
+        home.stamps.pop(name, None)
+    home.held = held
+
+
+def held_tensors(owner: int) -> list:
+    home = _homes.get(owner)
+    return list(home.held) if home is not None else []
+
+
+def held_bytes(owner: int) -> int:
+    home = _homes.get(owner)
+    return home.held_bytes() if home is not None else 0
+
+
+def has_home(owner: int) -> bool:
+    return owner in _homes
+
+
+def drop(owner: int):
+    _homes.pop(owner, None)
+
+
+def drop_held(owner: int):
+    """Gives up the copies kept for weights in VRAM (the budget has no room for them); the
+    model falls back to ComfyUI's ordinary unload."""
+    home = _homes.get(owner)
+    if home is None:
+        return
+    for name in list(home.stamps):
+        home.tensors.pop(name, None)
+    home.stamps.clear()
+    home.held = []
+
+
+def _point_at(model, name: str, weight, saved):
+    """`weight` (the model's tensor called `name`) now holds `saved`'s data, as Module.to does it:
+    in place where the tensor types allow, else a new Parameter / buffer in the module."""
+    import torch
+
+    if torch._has_compatible_shallow_copy_type(weight, saved):
+        weight.data = saved
+        return
+    path, _, leaf = name.rpartition(".")
+    module = model.get_submodule(path) if path else model
+    if leaf in module._parameters:
+        module._parameters[leaf] = torch.nn.Parameter(saved, requires_grad=weight.requires_grad)
+    else:
+        module._buffers[leaf] = saved
+
+
+def _send_home(module, home: Home, prefix: str, weights) -> int:
+    """Points each VRAM weight of `weights` ((name in `module`, tensor)) back at its home when
+    it is still the very tensor the load made, never written since. ComfyUI has restored its
+    patch backups before it moves weights back, so such a weight holds the unpatched value."""
+    moved = 0
+    for name, weight in weights:
+        key = prefix + name
+        if weight.device.type == "cpu":
+            continue
+        saved, stamp = home.tensors.get(key), home.stamps.get(key)
+        if saved is None or stamp != (weight.data_ptr(), weight._version):
+            continue
+        if saved.shape != weight.shape or saved.dtype != weight.dtype:
+            continue
+        _point_at(module, name, weight, saved)
+        home.stamps.pop(key)
+        moved += 1
+    return moved
+
+
+def _target(args, kwargs):
+    """The device of a Module.to(...) call, or None (a dtype-only call)."""
+    import torch
+
+    return torch._C._nn._parse_to(*args, **kwargs)[0]
+
+
+def install(model, owner: int):
+    """Gives the torch module `model` and each of its submodules that holds weights an
+    instance-level `to` that, when the target is the CPU, first points the weights that have a
+    home back at it. Why there: ComfyUI moves weights back with `model.to(cpu)` (unpatch_model)
+    and `module.to(cpu)` (partially_unload), after it has restored its patch backups, and no
+    callback runs in between. The wrappers belong to this one model (every ModelPatcher clone
+    shares it) and do nothing once the model has no home."""
+    if "to" in vars(model):
+        return
+    for prefix, module in list(model.named_modules()):
+        holds_weights = next(_named_weights_here(module), None) is not None
+        if module is model or holds_weights:
+            module.to = _home_first_to(weakref.ref(module), prefix, owner)
+
+
+def _named_weights_here(module):
+    return chain(module.named_parameters(recurse=False), module.named_buffers(recurse=False))
+
+
+def _home_first_to(module_ref, prefix: str, owner: int):
+    full = (prefix + ".") if prefix else ""
+
+    def to(*args, **kwargs):
+        module, home, target = module_ref(), _homes.get(owner), _target(args, kwargs)
+        if home is None or target is None:
+            return type(module).to(module, *args, **kwargs)
+        if target.type == "cpu":
+            if home.stamps:
+                _send_home(module, home, full, list(_named_weights(module)))
+            moved = type(module).to(module, *args, **kwargs)
+            for name, weight in _named_weights(module):
+                home.stamps.pop(full + name, None)  # in RAM now, whichever way it came
+            return moved
+        # Towards a device: remember which VRAM copies are copies of a home.
+        from_home = set()
+        for name, weight in _named_weights(module):
+            saved = home.tensors.get(full + name)
+            if weight.device.type == "cpu" and saved is not None and saved.data_ptr() == weight.data_ptr():
+                from_home.add(name)
+        moved = type(module).to(module, *args, **kwargs)
+        for name, weight in _named_weights(module):
+            if name in from_home and weight.device.type != "cpu":
+                home.stamps[full + name] = (weight.data_ptr(), weight._version)
+        return moved
+
+    return to

@@ -1,0 +1,79 @@
+"""Pinned home (comfy_node/home.py).
+
+- The mechanics, in-process through ComfyUI's real ModelPatcher, with torch's meta device as the
+  "GPU": loading takes the weights out of RAM for real, and nothing can be copied back from meta,
+  so each weight that returns must come from its home (bench/comfy_home.py --cpu).
+- The images, on a real server: load -> sample -> unload -> LoRA load -> sample -> unload ->
+  reload -> sample, with Viking (pinned home on) and without, pixel for pixel. On this CPU
+  machine ComfyUI never moves weights, so this shows the nodes change nothing; on a GPU the same
+  sequence runs through the home (bench/comfy_home.py compares forward passes there).
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from comfy_server import COMFY_DIR, REPO_ROOT, ComfyServer, cached_lora, prepare_base_dir, txt2img_prompt
+
+pytestmark = pytest.mark.skipif(not (COMFY_DIR / "main.py").exists(), reason="no ComfyUI tree: run scripts/setup_env.sh")
+LORA = "synthetic_lora.safetensors"
+
+
+def test_weights_come_home_without_copy_through_load_unload_and_lora(tmp_path):
+    out = tmp_path / "home.json"
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "comfy_home.py"), str(COMFY_DIR), str(out), "--cpu"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.exists(), run.stdout[-2000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    failed = [c for c in result["checks"] if not c["ok"]]
+    assert not failed and run.returncode == 0, failed or run.stderr[-3000:]
+    part = result["parts"]["correctness"]
+    assert part["cycles"] >= 10 and part["weights_in_new_storage"] == 0
+    assert part["home_bytes_loaded"] >= part["model_bytes"]
+
+
+def stage_graph(seed, lora: bool, viking: bool):
+    api = txt2img_prompt(seed=seed, prefix=f"s{seed}")
+    model = ["4", 0]
+    if viking:
+        api["20"] = {"class_type": "VikingPinModel", "inputs": {
+            "model": model, "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0,
+            "pinned_home": True, "vram_cap_gib": 0.0}}
+        model = ["20", 0]
+    if lora:
+        api["10"] = {"class_type": "LoraLoader", "inputs": {
+            "model": model, "clip": ["4", 1], "lora_name": LORA, "strength_model": 1.0, "strength_clip": 0.0}}
+        model = ["10", 0]
+    api["3"]["inputs"]["model"] = model
+    return api
+
+
+def run_stages(server, viking: bool):
+    images = []
+    for seed, lora in ((1, False), (2, True), (3, False)):
+        entry = server.run_prompt(stage_graph(seed, lora, viking))
+        files = server.output_files(entry)
+        assert len(files) == 1, files
+        images.append(np.asarray(Image.open(files[0]).convert("RGB")))
+        server.free(unload_models=True, free_memory=False, settle=1.0)  # unload, keep the model
+    return images
+
+
+def test_load_lora_unload_reload_images_bit_identical(tmp_path):
+    loras = {LORA: cached_lora()}
+    base = prepare_base_dir(tmp_path / "viking", custom_nodes={"viking_engine": REPO_ROOT}, loras=loras)
+    with ComfyServer(base) as server:
+        pinned = run_stages(server, viking=True)
+        state = server.get("/viking/status")
+        assert any(o["label"].startswith("MODEL") and o["pinned_bytes"] > 0 for o in state["owners"]), state["owners"]
+    with ComfyServer(prepare_base_dir(tmp_path / "plain", loras=loras)) as plain:
+        reference = run_stages(plain, viking=False)
+        entry = plain.run_prompt(stage_graph(2, lora=False, viking=False))
+        no_lora = np.asarray(Image.open(plain.output_files(entry)[0]).convert("RGB"))
+    assert not np.array_equal(no_lora, reference[1]), "the LoRA changes the image (so the comparison can fail)"
+    for index, (a, b) in enumerate(zip(pinned, reference)):
+        assert np.array_equal(a, b), f"stage {index}: images differ"
