@@ -243,8 +243,11 @@ if "timing" in parts and not cpu:
     comfy_row, viking_row = rows
     result["parts"]["timing"].update(unload_speedup=round(comfy_row["unload_s"] / viking_row["unload_s"], 1),
                                      reload_speedup=round(comfy_row["reload_s"] / viking_row["reload_s"], 1))
-    check("timing", viking_row["home_bytes"] == 0 and viking_row["pinned_bytes"] >= model_bytes * 0.99,
-          "after the last unload the weights are at home: pinned, nothing held twice")
+    # (Each row was taken with the model loaded: its home held. Now unloaded: nothing held twice.)
+    mm.unload_all_models()
+    status, entry = owner_status(patcher)
+    check("timing", home.held_bytes(lifecycle.owner_of(patcher)) == 0 and entry["pinned_bytes"] >= model_bytes * 0.99,
+          "unloaded, the weights are at home: all pinned, no RAM held twice")
     save()
     lifecycle.unpin(patcher)
     del patcher
@@ -266,10 +269,13 @@ if "alternate" in parts and not cpu:
     dummy = torch.empty(max(0, free - keep_free), dtype=torch.uint8, device=device)
     rows = []
 
+    vram_seen = []
+
     def turn(patcher):
         mm.load_models_gpu([patcher])
         with torch.inference_mode():
             patcher.model.diffusion_model(x, t, ctx, y=y, guidance=guide)
+        vram_seen.append(sum(int(p.loaded_size()) for p, _ in models))
 
     for mode in ("comfy", "viking"):
         if mode == "viking":
@@ -287,8 +293,8 @@ if "alternate" in parts and not cpu:
         result["parts"]["alternate"] = dict(model_bytes=model_bytes, free_vram_bytes=keep_free, switches=switches, rows=rows)
         save()
     result["parts"]["alternate"]["speedup"] = round(rows[0]["total_s"] / rows[1]["total_s"], 2)
-    check("alternate", all(r["loaded_vram_bytes"][0] < model_bytes * 0.5 or r["loaded_vram_bytes"][1] < model_bytes * 0.5 for r in rows),
-          "free VRAM never held both models")
+    result["parts"]["alternate"]["max_weights_in_vram_bytes"] = max(vram_seen)
+    check("alternate", max(vram_seen) < 2 * model_bytes * 0.75, f"the two models never both fit in VRAM (at most {max(vram_seen)} B of weights loaded)")
     del dummy
 
 status = json.loads(native.status_json())
