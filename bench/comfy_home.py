@@ -112,15 +112,22 @@ def lora_patches(model, seed):
     return {k: (torch.randn(params[k].shape, generator=g) * 0.01,) for k in keys}
 
 
-def run_sequence(viking: bool):
-    """One model through `cycles` cycles. Returns forward outputs per stage (GPU) and checks."""
+def run_sequence(viking: bool, inference: bool = False):
+    """One model through `cycles` cycles. Returns forward outputs per stage (GPU) and checks.
+    inference: build and run everything under torch.inference_mode(), as ComfyUI's executor
+    does (its weights are then inference tensors, which have no version counter)."""
+    with torch.inference_mode(inference):
+        return _run_sequence(viking)
+
+
+def _run_sequence(viking: bool):
     model, cfg = random_model(7)
     originals = {n: t.detach().clone() for n, t in list(model.named_parameters()) + list(model.named_buffers())}
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=CPU)
-    lora = patcher.clone()
-    lora.add_patches(lora_patches(model, 9), 1.0)
     if viking:
         lifecycle.attach(patcher, settings("home correctness"))
+    lora = patcher.clone()  # as a LoRA loader after the Viking node makes it
+    lora.add_patches(lora_patches(model, 9), 1.0)
     storages = {n: t.data_ptr() for n, t in list(model.named_parameters()) + list(model.named_buffers())}
     tokens = 8 if cpu else 64
     g = torch.Generator().manual_seed(1)
@@ -189,6 +196,10 @@ if "correctness" in parts:
     check("correctness", max(warm) - min(warm) < 64 << 20, f"RSS flat over cycles after warm-up (spread {(max(warm) - min(warm)) >> 20} MiB)")
     pinned = {(f["pinned_bytes"], f["registrations"]) for f in viking_run["flat"]}
     check("correctness", len(pinned) == 1 and next(iter(pinned))[0] > 0, f"ledger flat over cycles: {sorted(pinned)}")
+    inference_run = run_sequence(viking=True, inference=True)
+    part["inference_mode"] = dict(problems=inference_run["problems"], weights_in_new_storage=inference_run["moved"])
+    check("correctness", not inference_run["problems"] and inference_run["moved"] == 0,
+          "the same under inference_mode (as in ComfyUI's executor): originals back, no new allocation")
     if not cpu:
         plain_run = run_sequence(viking=False)
         same = [a[0] for a, b in zip(viking_run["outputs"], plain_run["outputs"]) if torch.equal(a[1], b[1])]

@@ -4,7 +4,13 @@ the forward pass must give the same bits as the uncapped one. On a GPU it also t
 at each cap, with Viking's pins and with ComfyUI's own pinning (same cap, no Viking pins),
 against the floor max(streamed bytes / link bandwidth, all-in-VRAM compute).
 
-usage: python bench/comfy_vram_cap.py COMFY_DIR OUT.json [--cpu] [--depth N] [--caps G,G,...] [--reps N] [--no-devicemap]
+Modes (--modes, comma-separated): comfy (the cap alone, no Viking pins: ComfyUI pins what it
+streams itself), viking (Viking's pins and prefetch, the default), viking_noprefetch (pins only),
+comfy_streams4 (ComfyUI alone with 4 offload streams, as its --async-offload 4 would give),
+viking@MIB (Viking with a prefetch window of MIB MiB instead of ComfyUI's streaming reserve).
+
+usage: python bench/comfy_vram_cap.py COMFY_DIR OUT.json [--cpu] [--depth N] [--caps G,G,...] [--reps N]
+       [--modes M,...] [--no-devicemap]
 """
 
 import json
@@ -24,6 +30,7 @@ def arg(name, default, kind=float):
 
 depth, reps = arg("--depth", 1 if cpu else 19, int), arg("--reps", 2 if cpu else 5, int)
 caps = [float(c) for c in arg("--caps", "0.002,0.005" if cpu else "4,8,12,16", str).split(",")]
+modes = arg("--modes", "viking" if cpu else "comfy,viking,viking_noprefetch", str).split(",")
 sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
 sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else [])
 
@@ -94,37 +101,66 @@ mm.load_models_gpu([patcher], force_full_load=True)
 reference, all_in_vram = run(reps)
 mm.unload_all_models()
 
-rows = []
-settings = lifecycle.PinSettings(label="flux", backend="os-lock" if cpu else "cuda", headroom_gib=4.0)
+result = dict(bench="comfy_vram_cap", date=time.strftime("%Y-%m-%d"),
+              device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              model_bytes=model_bytes, cuda_devicemap=devicemap, link_gb_per_s=limit, all_in_vram_step_s=round(all_in_vram, 4),
+              modes=modes, rows=[])
+rows = result["rows"]
+
+
+def save():
+    result["ok"] = all(r["under_cap"] and r["identical"] for r in rows)
+    with open(out_path, "w") as out:
+        json.dump(result, out, indent=1)
+
+
+def set_offload_streams(count):
+    """ComfyUI's --async-offload N, in-process: its stream pool is made on first use."""
+    mm.NUM_STREAMS = count
+    mm.STREAMS.clear()
+    mm.stream_counters.clear()
+
+
+default_streams = mm.NUM_STREAMS
 for index, cap in enumerate(caps):
-    # Both modes at each cap, in alternating order, so neither always runs on a warmer GPU.
-    # "comfy": the cap alone, no Viking pins; ComfyUI pins the offloaded weights itself.
-    modes = ["viking"] + ([] if cpu else ["comfy"])
-    for mode in (modes if index % 2 == 0 else modes[::-1]):
-        if mode == "viking":
-            lifecycle.attach(patcher, settings)
+    # Every mode at each cap, the order rotating per cap, so none always runs on a warmer GPU.
+    shift = index % len(modes)
+    for mode in modes[shift:] + modes[:shift]:
+        if mode.startswith("viking"):
+            window_mib = int(mode.split("@")[1]) if "@" in mode else 0
+            lifecycle.attach(patcher, lifecycle.PinSettings(label="flux", backend="os-lock" if cpu else "cuda", headroom_gib=4.0,
+                                                            prefetch=mode != "viking_noprefetch", prefetch_window_mib=window_mib))
         else:
             lifecycle.unpin(patcher)
+        set_offload_streams(4 if mode == "comfy_streams4" else default_streams)
         lifecycle.set_vram_cap(patcher, cap)
         mm.load_models_gpu([patcher])
         loaded = int(patcher.loaded_size())
-        output, step = run(reps)
+        try:
+            output, step = run(reps)
+        except Exception as error:  # noqa: BLE001 - recorded, the other modes still run
+            rows.append(dict(mode=mode, cap_gib=cap, error=repr(error), under_cap=False, identical=False))
+            print(json.dumps(rows[-1]), flush=True)
+            save()
+            mm.unload_all_models()
+            continue
         streamed = model_bytes - loaded
         floor = max(streamed / (limit * 1e9), all_in_vram) if limit else None
+        from comfy_node import prefetch  # noqa: E402
         row = dict(mode=mode, cap_gib=cap, loaded_bytes=loaded, streamed_bytes=streamed, under_cap=loaded <= cap * GIB,
                    identical=bool(torch.equal(output, reference)), step_s=round(step, 4),
                    floor_s=round(floor, 4) if floor else None, over_floor=round(step / floor, 3) if floor else None,
-                   viking_pinned_bytes=json.loads(native.status_json())["pinned_bytes"], comfy_pinned_bytes=int(mm.TOTAL_PINNED_MEMORY))
+                   viking_pinned_bytes=json.loads(native.status_json())["pinned_bytes"], comfy_pinned_bytes=int(mm.TOTAL_PINNED_MEMORY),
+                   prefetch=prefetch.summary(lifecycle.owner_of(patcher)),
+                   peak_vram_bytes=int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        save()
         mm.unload_all_models()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+set_offload_streams(default_streams)
 lifecycle.unpin(patcher)
-
-result = dict(bench="comfy_vram_cap", date=time.strftime("%Y-%m-%d"),
-              device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              model_bytes=model_bytes, cuda_devicemap=devicemap, link_gb_per_s=limit, all_in_vram_step_s=round(all_in_vram, 4), rows=rows,
-              ok=all(r["under_cap"] and r["identical"] for r in rows))
-with open(out_path, "w") as out:
-    json.dump(result, out, indent=1)
+save()
 print("ok" if result["ok"] else "FAIL")
 sys.exit(0 if result["ok"] else 1)

@@ -11,8 +11,10 @@ load reads from pinned memory at DMA speed.
 A home always holds the *unpatched* weight. LoRA and other weight patches go through
 `patcher.backup` (ComfyUI restores those keys itself; their originals are the homes) and hook
 patches through `patcher.hook_backup`: such keys are never redirected. A VRAM copy is only
-replaced by its home when it is the very tensor the load made and it was never written since
-(same data pointer, same version counter); anything else takes ComfyUI's ordinary path.
+replaced by its home when it is the very tensor a load made from the home (same data pointer;
+same version counter where torch tracks one: not for inference tensors), and when the Viking
+patcher that loaded it confirmed, at ON_LOAD, that it carries no patch. Anything else takes
+ComfyUI's ordinary path.
 Where the redirect hooks in: see `install`.
 """
 
@@ -26,7 +28,10 @@ from itertools import chain
 @dataclass
 class Home:
     tensors: dict = field(default_factory=dict)  # weight name -> CPU tensor with the unpatched value
-    stamps: dict = field(default_factory=dict)  # weight name -> (data_ptr, version) of its VRAM copy
+    # weight name -> (data_ptr, version) of a VRAM copy made from the home: `pending` as the copy
+    # is made (home.install), `stamps` once the patcher that loaded it confirmed it unpatched.
+    pending: dict = field(default_factory=dict)
+    stamps: dict = field(default_factory=dict)
     held: list = field(default_factory=list)  # the home tensors of weights now in VRAM: extra RAM
 
     def held_bytes(self) -> int:
@@ -59,16 +64,33 @@ def update(patcher, owner: int):
         if current.device.type == "cpu":
             home.tensors[name] = current.data
             home.stamps.pop(name, None)
+            home.pending.pop(name, None)
             continue
-        if name in home.tensors and home.stamps.get(name) == (weight.data_ptr(), weight._version):
-            held.append(home.tensors[name])  # its VRAM copy came from this home (see `install`)
+        stamp = _stamp(weight)
+        pending = home.pending.pop(name, None)
+        patched_in_place = getattr(patcher, "weight_inplace_update", False) and name in getattr(patcher, "patches", {})
+        if pending == stamp and name not in backup and not patched_in_place:
+            home.stamps[name] = stamp  # loaded from its home, unpatched: confirmed
+        if name in home.tensors and home.stamps.get(name) == stamp:
+            held.append(home.tensors[name])
         else:
             home.tensors.pop(name, None)
             home.stamps.pop(name, None)
     for name in set(home.tensors) - seen:
         home.tensors.pop(name)
         home.stamps.pop(name, None)
+        home.pending.pop(name, None)
     home.held = held
+
+
+def _stamp(weight) -> tuple:
+    """What identifies one VRAM copy: its address and, where torch tracks it, its version
+    counter (any in-place write bumps it; inference tensors have none)."""
+    try:
+        version = weight._version
+    except RuntimeError:
+        version = None
+    return weight.data_ptr(), version
 
 
 def held_tensors(owner: int) -> list:
@@ -98,6 +120,7 @@ def drop_held(owner: int):
     for name in list(home.stamps):
         home.tensors.pop(name, None)
     home.stamps.clear()
+    home.pending.clear()
     home.held = []
 
 
@@ -127,7 +150,7 @@ def _send_home(module, home: Home, prefix: str, weights) -> int:
         if weight.device.type == "cpu":
             continue
         saved, stamp = home.tensors.get(key), home.stamps.get(key)
-        if saved is None or stamp != (weight.data_ptr(), weight._version):
+        if saved is None or stamp != _stamp(weight):
             continue
         if saved.shape != weight.shape or saved.dtype != weight.dtype:
             continue
@@ -176,6 +199,7 @@ def _home_first_to(module_ref, prefix: str, owner: int):
             moved = type(module).to(module, *args, **kwargs)
             for name, weight in _named_weights(module):
                 home.stamps.pop(full + name, None)  # in RAM now, whichever way it came
+                home.pending.pop(full + name, None)
             return moved
         # Towards a device: remember which VRAM copies are copies of a home.
         from_home = set()
@@ -186,7 +210,7 @@ def _home_first_to(module_ref, prefix: str, owner: int):
         moved = type(module).to(module, *args, **kwargs)
         for name, weight in _named_weights(module):
             if name in from_home and weight.device.type != "cpu":
-                home.stamps[full + name] = (weight.data_ptr(), weight._version)
+                home.pending[full + name] = _stamp(weight)
         return moved
 
     return to

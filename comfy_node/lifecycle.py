@@ -25,7 +25,7 @@ import logging
 import weakref
 from dataclasses import dataclass
 
-from . import home
+from . import home, prefetch
 from .native import require
 from .weights import cpu_storage_ranges, module_tensors
 
@@ -43,6 +43,8 @@ class PinSettings:
     node_id: str = ""
     vram_cap_gib: float = 0.0  # at most this much of the model's weights in VRAM; 0: ComfyUI decides
     pinned_home: bool = True  # keep the pinned RAM copy while the weights are in VRAM (home.py)
+    prefetch: bool = True  # copy streamed (lowvram) layers ahead of use (prefetch.py)
+    prefetch_window_mib: int = 0  # VRAM for copies in flight; 0: the buffer ComfyUI reserves
 
 
 _settings: dict[int, PinSettings] = {}  # owner -> settings
@@ -147,6 +149,7 @@ def reconcile(patcher) -> dict | None:
         report = _reconcile_ranges(native, patcher, settings)
         report["home_note"] = "no pinned home: the budget has no room for a RAM copy of the weights in VRAM"
     report["home_bytes"] = home.held_bytes(owner)
+    report["prefetch"] = prefetch.update(patcher, owner, settings.prefetch, settings.prefetch_window_mib << 20)
     _last_reports[owner] = report
     for failure in report["failures"]:
         log.warning("Viking Engine: a pin failed for %s: %s", settings.label, failure)
@@ -241,6 +244,7 @@ def set_vram_cap(patcher, cap_gib: float):
     owner = owner_of(patcher)
     if cap_gib > 0:
         _vram_caps[owner] = int(cap_gib * GIB)
+        _install_vram_cap(patcher)
     else:
         _vram_caps.pop(owner, None)
 
@@ -297,6 +301,7 @@ def _forget(owner: int):
     _last_reports.pop(owner, None)
     _finalizers.pop(owner, None)
     home.drop(owner)
+    prefetch.drop(owner)
     try:
         require().release(owner)
     except Exception as error:  # noqa: BLE001 - runs from a finalizer: must not raise
@@ -312,6 +317,7 @@ def unpin(patcher=None) -> int:
     _wait_for_copies()
     for owner in list(_settings):
         home.drop(owner)
+        prefetch.drop(owner)
     _settings.clear()
     _last_reports.clear()
     return require().release_all()
@@ -325,4 +331,5 @@ def unpin_owner(owner: int) -> int:
     _settings.pop(owner, None)
     _last_reports.pop(owner, None)
     home.drop(owner)
+    prefetch.drop(owner)
     return require().release(owner)

@@ -1,0 +1,235 @@
+"""Prefetch for streamed (lowvram) weights: copies run ahead of the layers that need them.
+
+Why (ComfyUI 0.3.75, comfy/ops.py cast_bias_weight and comfy/model_management.py
+get_offload_stream): ComfyUI copies a streamed layer's weights when that layer runs, on one of
+two offload streams, and each copy waits for the compute queued two layers back. With hundreds
+of streamed layers between resident ones, the PCIe link idles whenever a copy waits on compute,
+and steps run well above bytes / bandwidth.
+
+Here, one copy stream runs up to `window_bytes` ahead, in the order the layers ran in the last
+step (recorded by the hooks themselves). A layer whose copy is ready gets its weights pointed at
+the VRAM copy for its forward (ComfyUI's cast then finds them on the device and copies nothing)
+and back at RAM right after. The copy stream waits for each layer's compute before it reuses
+that layer's memory, so at most `window_bytes` of copies are in VRAM at once. The window is the
+buffer ComfyUI itself reserves for streaming this model (`model_offload_buffer_memory`), which
+its copies no longer use: the VRAM stays within ComfyUI's own accounting. Same bytes, same
+kernels: outputs are bit-identical.
+
+Hooks are PyTorch's per-module forward hooks, on the streamed modules of one model only, and
+removed when the model stops streaming.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("viking_engine")
+
+
+def _plain(tensor) -> bool:
+    import torch
+
+    return tensor is not None and type(tensor.data) is torch.Tensor and tensor.device.type == "cpu"
+
+
+def streamed_modules(model) -> list:
+    """Modules whose weights ComfyUI streams from RAM at each use (lowvram)."""
+    found = []
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if getattr(module, "comfy_cast_weights", False) and _plain(weight):
+            bias = getattr(module, "bias", None)
+            if bias is None or _plain(bias):
+                found.append(module)
+    return found
+
+
+class Prefetcher:
+    def __init__(self, root, modules: list, device, window_bytes: int):
+        import torch
+
+        self.device = device
+        self.window_bytes = int(window_bytes)
+        self.modules = modules
+        self.index = {id(m): i for i, m in enumerate(modules)}
+        self.plan: list[int] = []  # module indices in the order the last step ran them
+        self.trace: list[int] = []
+        self.position = 0  # next place in `plan`
+        self.issued = 0  # plan[:issued] have copies issued this step
+        self.in_flight = 0  # bytes issued and not yet consumed
+        self.ready: dict[int, tuple] = {}  # module index -> (weight copy, bias copy, event, nbytes)
+        self.swapped: dict[int, tuple] = {}  # module index -> (cpu weight, cpu bias, nbytes)
+        self.stream = torch.cuda.Stream(device=device)
+        self.copied_bytes = 0
+        self.failed = None
+        self.handles = [root.register_forward_pre_hook(self._guarded(self._begin_step)),
+                        root.register_forward_hook(self._guarded(self._end_step), always_call=True)]
+        for module in modules:
+            self.handles.append(module.register_forward_pre_hook(self._guarded(self._before)))
+            self.handles.append(module.register_forward_hook(self._guarded(self._after), always_call=True))
+
+    def _guarded(self, hook):
+        """A failure here must never break sampling: put every weight back, stop prefetching
+        (ComfyUI's own streaming carries on) and say so once."""
+        def run(*args):
+            if self.failed is not None:
+                return None
+            try:
+                hook(*args)
+            except Exception as error:  # noqa: BLE001
+                self.failed = str(error)
+                log.warning("Viking Engine: prefetch stopped for this model: %s", error)
+                try:
+                    self._restore_all()
+                    self.ready.clear()
+                except Exception:  # noqa: BLE001 - already reported
+                    pass
+            return None
+        return run
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        self._restore_all()
+        self.ready.clear()
+
+    @staticmethod
+    def _nbytes(module) -> int:
+        bias = getattr(module, "bias", None)
+        return module.weight.nbytes + (bias.nbytes if bias is not None else 0)
+
+    # -- one step: the root module's forward -----------------------------------------------------
+    def _begin_step(self, _root, _args):
+        self._restore_all()
+        self.ready.clear()  # copies nobody used last step: only the copy stream touched them
+        self.position, self.issued, self.in_flight, self.trace = 0, 0, 0, []
+        self._issue()
+
+    def _end_step(self, _root, _args, _output):
+        self._restore_all()
+        if self.trace:
+            self.plan = self.trace
+        self.trace = []
+
+    def _issue(self):
+        """Queues copies along the plan until `window_bytes` are in flight."""
+        import torch
+
+        while self.issued < len(self.plan):
+            index = self.plan[self.issued]
+            module = self.modules[index]
+            nbytes = self._nbytes(module)
+            if self.in_flight and self.in_flight + nbytes > self.window_bytes:
+                return
+            self.issued += 1
+            if index in self.ready or index in self.swapped:
+                continue  # the plan runs a module twice: one copy serves both
+            with torch.cuda.stream(self.stream):
+                weight = module.weight.to(self.device, non_blocking=True)
+                bias = module.bias.to(self.device, non_blocking=True) if module.bias is not None else None
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            self.ready[index] = (weight, bias, event, nbytes)
+            self.in_flight += nbytes
+            self.copied_bytes += nbytes
+
+    # -- one streamed module -----------------------------------------------------------------------
+    def _before(self, module, _args):
+        import torch
+
+        index = self.index[id(module)]
+        self.trace.append(index)
+        if self.position < len(self.plan) and self.plan[self.position] == index:
+            self.position += 1
+        elif index in self.plan[self.position:]:
+            self._skip_to(self.plan.index(index, self.position) + 1)  # this step differs: follow it
+        self._issue()
+        copy = self.ready.pop(index, None)
+        if copy is None:
+            return  # not prefetched: ComfyUI copies it as usual
+        weight, bias, event, nbytes = copy
+        if module.weight.device.type != "cpu" or module.weight.shape != weight.shape:
+            self.in_flight -= nbytes  # moved or changed since the copy was queued: unused
+            return
+        torch.cuda.current_stream(self.device).wait_event(event)
+        self.swapped[index] = (module.weight.data, module.bias.data if module.bias is not None else None, nbytes)
+        module.weight.data = weight
+        if bias is not None:
+            module.bias.data = bias
+
+    def _skip_to(self, position: int):
+        """The step ran past planned layers: their queued copies will not be used."""
+        for index in self.plan[self.position:position - 1]:
+            copy = self.ready.pop(index, None)
+            if copy is not None:
+                self.in_flight -= copy[3]
+        self.position = position
+        self.issued = max(self.issued, position)
+
+    def _after(self, module, _args, _output):
+        self._restore(self.index[id(module)])
+
+    def _restore(self, index: int):
+        import torch
+
+        saved = self.swapped.pop(index, None)
+        if saved is None:
+            return
+        module = self.modules[index]
+        cpu_weight, cpu_bias, nbytes = saved
+        # The copy stream may reuse this memory only after this layer's compute is done: queue
+        # that wait before the VRAM copy is let go.
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        self.stream.wait_event(done)
+        module.weight.data = cpu_weight
+        if cpu_bias is not None:
+            module.bias.data = cpu_bias
+        self.in_flight -= nbytes
+        self._issue()
+
+    def _restore_all(self):
+        for index in list(self.swapped):
+            self._restore(index)
+
+
+_prefetchers: dict[int, Prefetcher] = {}  # owner -> its prefetcher
+
+
+def update(patcher, owner: int, enabled: bool, window_bytes: int = 0) -> dict | None:
+    """After a load or unload: streams through a prefetcher while the model has streamed
+    layers on a CUDA device, and through nothing otherwise. Returns a summary for the status."""
+    current = _prefetchers.get(owner)
+    device = getattr(patcher, "load_device", None)
+    modules = streamed_modules(patcher.model) if enabled and getattr(device, "type", None) == "cuda" else []
+    if current is not None and [id(m) for m in current.modules] == [id(m) for m in modules]:
+        if window_bytes:
+            current.window_bytes = window_bytes
+        return summary(owner)
+    if current is not None:
+        current.remove()
+        del _prefetchers[owner]
+    if not modules:
+        return None
+    largest = max(Prefetcher._nbytes(m) for m in modules)
+    reserved = int(getattr(patcher.model, "model_offload_buffer_memory", 0) or 0)
+    window = window_bytes or max(reserved, 2 * largest)
+    _prefetchers[owner] = Prefetcher(patcher.model.diffusion_model if hasattr(patcher.model, "diffusion_model") else patcher.model,
+                                     modules, device, window)
+    log.info("Viking Engine: prefetching %d streamed layers, %.0f MiB ahead", len(modules), window / 2**20)
+    return summary(owner)
+
+
+def summary(owner: int) -> dict | None:
+    current = _prefetchers.get(owner)
+    if current is None:
+        return None
+    return {"streamed_layers": len(current.modules), "window_bytes": current.window_bytes,
+            "copied_bytes": current.copied_bytes, "planned_layers": len(current.plan), "failed": current.failed}
+
+
+def drop(owner: int):
+    current = _prefetchers.pop(owner, None)
+    if current is not None:
+        current.remove()
