@@ -81,7 +81,7 @@ class Prefetcher:
                 log.warning("Viking Engine: prefetch stopped for this model: %s", error)
                 try:
                     self._restore_all()
-                    self.ready.clear()
+                    self.idle()
                 except Exception:  # noqa: BLE001 - already reported
                     pass
             return None
@@ -92,7 +92,7 @@ class Prefetcher:
             handle.remove()
         self.handles = []
         self._restore_all()
-        self.ready.clear()
+        self.idle()
 
     @staticmethod
     def _nbytes(module) -> int:
@@ -100,31 +100,45 @@ class Prefetcher:
         return module.weight.nbytes + (bias.nbytes if bias is not None else 0)
 
     # -- one step: the root module's forward -----------------------------------------------------
+    # Positions count along the plan; positions past its end belong to the next step: once this
+    # step's copies are all queued, the link keeps going with the next step's first layers
+    # (sampling runs the same layers step after step), within the same window.
     def _begin_step(self, _root, _args):
         self._restore_all()
-        self.ready.clear()  # copies nobody used last step: only the copy stream touched them
-        self.position, self.issued, self.in_flight, self.trace = 0, 0, 0, []
+        self.position, self.trace = 0, []
         self._issue()
 
     def _end_step(self, _root, _args, _output):
         self._restore_all()
-        if self.trace:
+        if self.trace == self.plan:
+            self.issued = max(0, self.issued - len(self.plan))  # copies already queued for the next step
+        else:
             self.plan = self.trace
+            self.idle()
         self.trace = []
 
+    def idle(self):
+        """Drops the copies queued ahead (only the copy stream ever touched them)."""
+        self.ready.clear()
+        self.issued, self.in_flight = 0, sum(saved[2] for saved in self.swapped.values())
+
     def _issue(self):
-        """Queues copies along the plan until `window_bytes` are in flight."""
+        """Queues copies along the plan (and on into the next step) until `window_bytes` are in flight."""
         import torch
 
-        while self.issued < len(self.plan):
-            index = self.plan[self.issued]
+        steps = len(self.plan)
+        while self.issued < 2 * steps:
+            index = self.plan[self.issued % steps]
+            if index in self.ready or index in self.swapped:
+                if self.issued >= steps:
+                    return  # next step's copy of a layer still in use this step: wait for it
+                self.issued += 1  # the plan runs a module twice: one copy serves both
+                continue
             module = self.modules[index]
             nbytes = self._nbytes(module)
             if self.in_flight and self.in_flight + nbytes > self.window_bytes:
                 return
             self.issued += 1
-            if index in self.ready or index in self.swapped:
-                continue  # the plan runs a module twice: one copy serves both
             with torch.cuda.stream(self.stream):
                 weight = module.weight.to(self.device, non_blocking=True)
                 bias = module.bias.to(self.device, non_blocking=True) if module.bias is not None else None
@@ -206,6 +220,7 @@ def update(patcher, owner: int, enabled: bool, window_bytes: int = 0) -> dict | 
     if current is not None and [id(m) for m in current.modules] == [id(m) for m in modules]:
         if window_bytes:
             current.window_bytes = window_bytes
+        current.idle()  # between runs, no VRAM held for copies ahead
         return summary(owner)
     if current is not None:
         current.remove()
