@@ -258,6 +258,7 @@ def annotate(status: dict) -> dict:
         entry["vram_cap_bytes"], entry["vram_bytes"] = usage if usage is not None else (0, None)
         entry["home_bytes"] = home.held_bytes(owner)
         entry["pinned_home"] = home.has_home(owner)
+        entry["prefetch"] = prefetch.summary(owner)
     return status
 
 

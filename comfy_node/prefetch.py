@@ -7,13 +7,18 @@ of streamed layers between resident ones, the PCIe link idles whenever a copy wa
 and steps run well above bytes / bandwidth.
 
 Here, one copy stream runs up to `window_bytes` ahead, in the order the layers ran in the last
-step (recorded by the hooks themselves). A layer whose copy is ready gets its weights pointed at
+step (recorded by the hooks themselves), and on into the next step's first layers: where a step
+has a compute-heavy stretch (layers resident in VRAM), the link fills it with the copies the
+next, copy-heavy stretch will need. A layer whose copy is ready gets its weights pointed at
 the VRAM copy for its forward (ComfyUI's cast then finds them on the device and copies nothing)
 and back at RAM right after. The copy stream waits for each layer's compute before it reuses
-that layer's memory, so at most `window_bytes` of copies are in VRAM at once. The window is the
-buffer ComfyUI itself reserves for streaming this model (`model_offload_buffer_memory`), which
-its copies no longer use: the VRAM stays within ComfyUI's own accounting. Same bytes, same
-kernels: outputs are bit-identical.
+that layer's memory, so at most `window_bytes` of copies are in VRAM at once.
+
+VRAM accounting: the window takes the place of the buffer ComfyUI reserves for streaming this
+model (`model_offload_buffer_memory`; its own copies are no longer made), and what it needs
+beyond that is (a) only taken when free at the time, and (b) added to the model's
+`memory_required`, the estimate ComfyUI makes room for before each sampling run, as it does for
+activations. Same bytes, same kernels: outputs are bit-identical.
 
 Hooks are PyTorch's per-module forward hooks, on the streamed modules of one model only, and
 removed when the model stops streaming.
@@ -22,6 +27,7 @@ removed when the model stops streaming.
 from __future__ import annotations
 
 import logging
+import weakref
 
 log = logging.getLogger("viking_engine")
 
@@ -62,6 +68,7 @@ class Prefetcher:
         self.stream = torch.cuda.Stream(device=device)
         self.copied_bytes = 0
         self.failed = None
+        self.extra_bytes = 0  # of window_bytes, beyond ComfyUI's own streaming buffer
         self.handles = [root.register_forward_pre_hook(self._guarded(self._begin_step)),
                         root.register_forward_hook(self._guarded(self._end_step), always_call=True)]
         for module in modules:
@@ -209,6 +216,28 @@ class Prefetcher:
 
 
 _prefetchers: dict[int, Prefetcher] = {}  # owner -> its prefetcher
+DEFAULT_WINDOW_BYTES = 2 << 30  # measured on an H200: enough to bridge Flux's resident stretches
+SAFETY_BYTES = 1 << 30  # never take the last GiB of free VRAM for copies ahead
+
+
+def extra_bytes(owner: int) -> int:
+    """VRAM the prefetch window uses beyond ComfyUI's own streaming buffer."""
+    current = _prefetchers.get(owner)
+    return current.extra_bytes if current is not None else 0
+
+
+def reserve_in_estimate(model, owner: int):
+    """Adds the window's extra VRAM to `model.memory_required` (an instance attribute on this
+    one model; ComfyUI's sampler asks it how much room to make before sampling)."""
+    if "memory_required" in vars(model) or not hasattr(model, "memory_required"):
+        return
+    original = type(model).memory_required
+    model_ref = weakref.ref(model)
+
+    def memory_required(*args, **kwargs):
+        return original(model_ref(), *args, **kwargs) + extra_bytes(owner)
+
+    model.memory_required = memory_required
 
 
 def update(patcher, owner: int, enabled: bool, window_bytes: int = 0) -> dict | None:
@@ -218,8 +247,6 @@ def update(patcher, owner: int, enabled: bool, window_bytes: int = 0) -> dict | 
     device = getattr(patcher, "load_device", None)
     modules = streamed_modules(patcher.model) if enabled and getattr(device, "type", None) == "cuda" else []
     if current is not None and [id(m) for m in current.modules] == [id(m) for m in modules]:
-        if window_bytes:
-            current.window_bytes = window_bytes
         current.idle()  # between runs, no VRAM held for copies ahead
         return summary(owner)
     if current is not None:
@@ -227,12 +254,17 @@ def update(patcher, owner: int, enabled: bool, window_bytes: int = 0) -> dict | 
         del _prefetchers[owner]
     if not modules:
         return None
+    import torch
+
     largest = max(Prefetcher._nbytes(m) for m in modules)
-    reserved = int(getattr(patcher.model, "model_offload_buffer_memory", 0) or 0)
-    window = window_bytes or max(reserved, 2 * largest)
-    _prefetchers[owner] = Prefetcher(patcher.model.diffusion_model if hasattr(patcher.model, "diffusion_model") else patcher.model,
-                                     modules, device, window)
-    log.info("Viking Engine: prefetching %d streamed layers, %.0f MiB ahead", len(modules), window / 2**20)
+    reserved = max(int(getattr(patcher.model, "model_offload_buffer_memory", 0) or 0), 2 * largest)
+    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    extra = min(max(0, (window_bytes or DEFAULT_WINDOW_BYTES) - reserved), max(0, free - SAFETY_BYTES))
+    root = patcher.model.diffusion_model if hasattr(patcher.model, "diffusion_model") else patcher.model
+    _prefetchers[owner] = Prefetcher(root, modules, device, reserved + extra)
+    _prefetchers[owner].extra_bytes = extra
+    reserve_in_estimate(patcher.model, owner)
+    log.info("Viking Engine: prefetching %d streamed layers, %.0f MiB ahead", len(modules), (reserved + extra) / 2**20)
     return summary(owner)
 
 
@@ -240,7 +272,7 @@ def summary(owner: int) -> dict | None:
     current = _prefetchers.get(owner)
     if current is None:
         return None
-    return {"streamed_layers": len(current.modules), "window_bytes": current.window_bytes,
+    return {"streamed_layers": len(current.modules), "window_bytes": current.window_bytes, "extra_bytes": current.extra_bytes,
             "copied_bytes": current.copied_bytes, "planned_layers": len(current.plan), "failed": current.failed}
 
 

@@ -23,6 +23,10 @@ def status_text(status: dict) -> str:
         if owner.get("vram_bytes") or owner.get("vram_cap_bytes"):
             lines.append(f"    weights in VRAM {human(owner['vram_bytes'] or 0)}"
                          + (f" (cap {human(owner['vram_cap_bytes'])})" if owner["vram_cap_bytes"] else ""))
+        if owner.get("prefetch"):
+            pf = owner["prefetch"]
+            lines.append(f"    streaming {pf['streamed_layers']} layers from pinned RAM, copies {human(pf['window_bytes'])} ahead"
+                         + (f" ({human(pf['extra_bytes'])} beyond ComfyUI's own buffer)" if pf.get("extra_bytes") else ""))
         if owner.get("home_bytes"):
             lines.append(f"    pinned home: {human(owner['home_bytes'])} of RAM keeps those weights for a free unload")
         if owner.get("resident_bytes") is not None:
