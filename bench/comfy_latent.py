@@ -76,7 +76,7 @@ for mode in ("comfy", "viking"):
     for size in sizes:
         row = dict(mode=mode, size=size)
         try:
-            comfy.sampler_helpers.prepare_sampling(patcher, (1, 16, size // 8, size // 8), {})
+            comfy.sampler_helpers.prepare_sampling(patcher, (1, 16, size // 8, size // 8), {}, model_options=patcher.model_options)
             row["loaded_bytes"] = int(patcher.loaded_size())
             torch.cuda.reset_peak_memory_stats()
             row["step_s"] = round(step(size), 3)
