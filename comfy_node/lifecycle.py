@@ -49,6 +49,7 @@ class PinSettings:
 
 _settings: dict[int, PinSettings] = {}  # owner -> settings
 _vram_caps: dict[int, int] = {}  # owner -> bytes of weights allowed in VRAM
+_cap_surplus: dict[int, int] = {}  # owner -> VRAM ComfyUI offered its weights beyond the cap
 _patchers: dict[int, weakref.ref] = {}  # owner -> the last patcher seen (for the status)
 _finalizers: dict[int, weakref.finalize] = {}
 _last_reports: dict[int, dict] = {}
@@ -149,7 +150,8 @@ def reconcile(patcher) -> dict | None:
         report = _reconcile_ranges(native, patcher, settings)
         report["home_note"] = "no pinned home: the budget has no room for a RAM copy of the weights in VRAM"
     report["home_bytes"] = home.held_bytes(owner)
-    report["prefetch"] = prefetch.update(patcher, owner, settings.prefetch, settings.prefetch_window_mib << 20)
+    report["prefetch"] = prefetch.update(patcher, owner, settings.prefetch, settings.prefetch_window_mib << 20,
+                                         _cap_surplus.get(owner, 0))
     _last_reports[owner] = report
     for failure in report["failures"]:
         log.warning("Viking Engine: a pin failed for %s: %s", settings.label, failure)
@@ -226,9 +228,13 @@ def _install_vram_cap(patcher):
         cap = _vram_caps.get(owner)
         if cap:
             loaded = this.model.model_loaded_weight_memory
+            offered = extra_memory
             extra_memory = min(extra_memory, cap - loaded)
             if loaded == 0 and extra_memory <= 0:
                 extra_memory = 1  # load nothing: every weight streams (0 would mean "no limit")
+            _cap_surplus[owner] = int(max(0, min(offered, 1 << 50) - extra_memory))  # the prefetch may use it
+        else:
+            _cap_surplus.pop(owner, None)
         return cls.partially_load(this, device_to, extra_memory, force_patch_weights=force_patch_weights)
 
     patcher.partially_load = partially_load
@@ -298,6 +304,7 @@ def _forget(owner: int):
     """The model is gone (ComfyUI dropped it): release every pin it had."""
     _settings.pop(owner, None)
     _vram_caps.pop(owner, None)
+    _cap_surplus.pop(owner, None)
     _patchers.pop(owner, None)
     _last_reports.pop(owner, None)
     _finalizers.pop(owner, None)

@@ -15,10 +15,11 @@ and back at RAM right after. The copy stream waits for each layer's compute befo
 that layer's memory, so at most `window_bytes` of copies are in VRAM at once.
 
 VRAM accounting: the window takes the place of the buffer ComfyUI reserves for streaming this
-model (`model_offload_buffer_memory`; its own copies are no longer made), and what it needs
-beyond that is (a) only taken when free at the time, and (b) added to the model's
-`memory_required`, the estimate ComfyUI makes room for before each sampling run, as it does for
-activations. Same bytes, same kernels: outputs are bit-identical.
+model (`model_offload_buffer_memory`; its own copies are no longer made). It grows beyond that
+only out of VRAM ComfyUI had granted this model's weights and a Viking VRAM cap held back (the
+"surplus"), and only if that much is free: never out of the room ComfyUI keeps for activations
+(measured: taking free VRAM at load time instead runs the step out of memory when VRAM is
+tight). Same bytes, same kernels: outputs are bit-identical.
 
 Hooks are PyTorch's per-module forward hooks, on the streamed modules of one model only, and
 removed when the model stops streaming.
@@ -27,7 +28,6 @@ removed when the model stops streaming.
 from __future__ import annotations
 
 import logging
-import weakref
 
 log = logging.getLogger("viking_engine")
 
@@ -226,21 +226,7 @@ def extra_bytes(owner: int) -> int:
     return current.extra_bytes if current is not None else 0
 
 
-def reserve_in_estimate(model, owner: int):
-    """Adds the window's extra VRAM to `model.memory_required` (an instance attribute on this
-    one model; ComfyUI's sampler asks it how much room to make before sampling)."""
-    if "memory_required" in vars(model) or not hasattr(model, "memory_required"):
-        return
-    original = type(model).memory_required
-    model_ref = weakref.ref(model)
-
-    def memory_required(*args, **kwargs):
-        return original(model_ref(), *args, **kwargs) + extra_bytes(owner)
-
-    model.memory_required = memory_required
-
-
-def update(patcher, owner: int, enabled: bool, window_bytes: int = 0) -> dict | None:
+def update(patcher, owner: int, enabled: bool, window_bytes: int = 0, surplus_bytes: int = 0) -> dict | None:
     """After a load or unload: streams through a prefetcher while the model has streamed
     layers on a CUDA device, and through nothing otherwise. Returns a summary for the status."""
     current = _prefetchers.get(owner)
@@ -259,11 +245,10 @@ def update(patcher, owner: int, enabled: bool, window_bytes: int = 0) -> dict | 
     largest = max(Prefetcher._nbytes(m) for m in modules)
     reserved = max(int(getattr(patcher.model, "model_offload_buffer_memory", 0) or 0), 2 * largest)
     free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    extra = min(max(0, (window_bytes or DEFAULT_WINDOW_BYTES) - reserved), max(0, free - SAFETY_BYTES))
+    extra = min(max(0, (window_bytes or DEFAULT_WINDOW_BYTES) - reserved), surplus_bytes, max(0, free - SAFETY_BYTES))
     root = patcher.model.diffusion_model if hasattr(patcher.model, "diffusion_model") else patcher.model
     _prefetchers[owner] = Prefetcher(root, modules, device, reserved + extra)
     _prefetchers[owner].extra_bytes = extra
-    reserve_in_estimate(patcher.model, owner)
     log.info("Viking Engine: prefetching %d streamed layers, %.0f MiB ahead", len(modules), (reserved + extra) / 2**20)
     return summary(owner)
 
