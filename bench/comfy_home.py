@@ -10,6 +10,8 @@ Parts (--parts, comma-separated; default: all that can run here):
   --cpu: the "GPU" is torch's meta device: loading really takes the weights out of RAM and
   nothing can ever be copied back from it, so every weight that comes back must come from
   its home. Nothing computes there, so no forward pass.
+- fallback: a model whose home does not fit the budget, and one with pinned_home off, get no
+  home (the report says why) and unload the ordinary way.
 - timing (GPU): unload and reload of a --depth model through load_models_gpu / unload_all_models,
   ComfyUI alone vs Viking with pinned home, medians of --reps.
 - alternate (GPU): two such models take turns on a GPU whose free VRAM (the rest held by a
@@ -34,7 +36,7 @@ def arg(name, default, kind=str):
     return kind(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
-parts = arg("--parts", "correctness" if cpu else "correctness,timing,alternate").split(",")
+parts = arg("--parts", "correctness,fallback" if cpu else "correctness,fallback,timing,alternate").split(",")
 depth, reps = arg("--depth", 19, int), arg("--reps", 5, int)
 cycles, switches = arg("--cycles", 20 if cpu else 3, int), arg("--switches", 6, int)
 sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
@@ -211,6 +213,42 @@ if "correctness" in parts:
         check("correctness", lora_differs, "the LoRA patch changes the output (the comparison can fail)")
         check("correctness", plain_run["moved"] > 0, "ComfyUI alone does copy the weights into new storages (the check can fail)")
     result["parts"]["correctness"] = part
+    save()
+
+
+def fallback_case(budget_gib, pinned_home):
+    """Loads a model whose home cannot or must not exist; returns what the report and the
+    unload show."""
+    model, _ = random_model(11)
+    patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=CPU)
+    model_bytes = sum(p.nbytes for p in model.parameters())
+    options = settings("home fallback")
+    options.budget_gib, options.pinned_home = budget_gib(model_bytes), pinned_home
+    lifecycle.attach(patcher, options)
+    patcher.partially_load(device, 1e32)
+    owner = lifecycle.owner_of(patcher)
+    report = lifecycle.last_report(owner)
+    status = lifecycle.annotate(json.loads(native.status_json()))
+    entry = next(o for o in status["owners"] if o["owner"] == owner)
+    try:
+        patcher.detach()
+        unload = "ordinary copy back" if all(w.device.type == "cpu" for w in model.parameters()) else "weights left behind"
+    except NotImplementedError as error:  # the meta "GPU": ComfyUI's own copy back cannot read it
+        unload = "ordinary copy back (attempted: " + str(error).split(";")[0] + ")"
+    lifecycle.unpin(patcher)
+    return dict(held_bytes_loaded=home.held_bytes(owner), report_note=report.get("home_note"),
+                status_home_bytes=entry["home_bytes"], unload=unload, model_bytes=model_bytes)
+
+
+if "fallback" in parts:
+    no_room = fallback_case(lambda n: n * 0.25 / GIB, True)  # room for a quarter of the model
+    switched_off = fallback_case(lambda n: 0.0, False)
+    result["parts"]["fallback"] = dict(no_room=no_room, switched_off=switched_off)
+    check("fallback", no_room["held_bytes_loaded"] == 0 and no_room["status_home_bytes"] == 0 and "no pinned home" in (no_room["report_note"] or ""),
+          f"no room in the budget: no home, and the report says so ({no_room['report_note']})")
+    check("fallback", no_room["unload"].startswith("ordinary"), f"... and it unloads the ordinary way: {no_room['unload']}")
+    check("fallback", switched_off["held_bytes_loaded"] == 0 and switched_off["unload"].startswith("ordinary"),
+          f"pinned_home off: no home, ordinary unload: {switched_off['unload']}")
     save()
 
 

@@ -33,6 +33,7 @@ class Home:
     pending: dict = field(default_factory=dict)
     stamps: dict = field(default_factory=dict)
     held: list = field(default_factory=list)  # the home tensors of weights now in VRAM: extra RAM
+    note: str | None = None  # why this model has no home for its weights in VRAM now
 
     def held_bytes(self) -> int:
         storages = (t.untyped_storage() for t in self.held)
@@ -81,6 +82,13 @@ def update(patcher, owner: int):
         home.stamps.pop(name, None)
         home.pending.pop(name, None)
     home.held = held
+    if all(w.device.type == "cpu" for _, w in _named_weights(patcher.model)):
+        home.note = None  # all in RAM: the next load may get a home again
+
+
+def note(owner: int) -> str | None:
+    home = _homes.get(owner)
+    return home.note if home is not None else None
 
 
 def _stamp(weight) -> tuple:
@@ -111,12 +119,13 @@ def drop(owner: int):
     _homes.pop(owner, None)
 
 
-def drop_held(owner: int):
+def drop_held(owner: int, why: str):
     """Gives up the copies kept for weights in VRAM (the budget has no room for them); the
     model falls back to ComfyUI's ordinary unload."""
     home = _homes.get(owner)
     if home is None:
         return
+    home.note = why
     for name in list(home.stamps):
         home.tensors.pop(name, None)
     home.stamps.clear()

@@ -146,10 +146,11 @@ def reconcile(patcher) -> dict | None:
     report = _reconcile_ranges(native, patcher, settings)
     if home.held_bytes(owner) and _short_of_room(report):
         # All or nothing: a model whose home does not fit gets ComfyUI's ordinary unload.
-        home.drop_held(owner)
+        home.drop_held(owner, "no pinned home: the budget has no room for a RAM copy of the weights in VRAM; "
+                              "they unload the ordinary way")
         report = _reconcile_ranges(native, patcher, settings)
-        report["home_note"] = "no pinned home: the budget has no room for a RAM copy of the weights in VRAM"
     report["home_bytes"] = home.held_bytes(owner)
+    report["home_note"] = home.note(owner)
     report["prefetch"] = prefetch.update(patcher, owner, settings.prefetch, settings.prefetch_window_mib << 20,
                                          _cap_surplus.get(owner, 0))
     _last_reports[owner] = report
@@ -264,6 +265,7 @@ def annotate(status: dict) -> dict:
         entry["vram_cap_bytes"], entry["vram_bytes"] = usage if usage is not None else (0, None)
         entry["home_bytes"] = home.held_bytes(owner)
         entry["pinned_home"] = home.has_home(owner)
+        entry["home_note"] = home.note(owner)
         entry["prefetch"] = prefetch.summary(owner)
     return status
 

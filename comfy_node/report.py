@@ -29,6 +29,8 @@ def status_text(status: dict) -> str:
                          + (f" ({human(pf['extra_bytes'])} beyond ComfyUI's own buffer)" if pf.get("extra_bytes") else ""))
         if owner.get("home_bytes"):
             lines.append(f"    pinned home: {human(owner['home_bytes'])} of RAM keeps those weights for a free unload")
+        if owner.get("home_note"):
+            lines.append(f"    {owner['home_note']}")
         if owner.get("resident_bytes") is not None:
             lines.append(f"    in RAM {human(owner['resident_bytes'])}, swapped out {human(owner['swapped_bytes'])}")
         for skip in owner["skipped"]:

@@ -34,6 +34,7 @@ def test_weights_come_home_without_copy_through_load_unload_and_lora(tmp_path):
     part = result["parts"]["correctness"]
     assert part["cycles"] >= 10 and part["weights_in_new_storage"] == 0
     assert part["home_bytes_loaded"] >= part["model_bytes"]
+    assert set(result["parts"]["fallback"]) == {"no_room", "switched_off"}
 
 
 def stage_graph(seed, lora: bool, viking: bool):

@@ -1,0 +1,51 @@
+"""The GPU paths of the pinned home and the prefetch, on a CUDA GPU (skipped, with the reason,
+elsewhere): the same bench scripts whose H200 figures are in bench/results/, at a small size.
+- comfy_home.py: forward passes bit-identical to ComfyUI alone across load / partial unload /
+  unload / LoRA load / reload; weights come home in their original storage; fallback cases.
+- comfy_vram_cap.py: at each cap the weights stay under it, the prefetch ran (copies made along
+  a recorded plan) and every output is bit-identical to the uncapped one."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from comfy_server import COMFY_DIR, REPO_ROOT
+
+
+def _cuda():
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.skipif(not (COMFY_DIR / "main.py").exists(), reason="no ComfyUI tree: run scripts/setup_env.sh"),
+    pytest.mark.skipif(not _cuda(), reason="no CUDA GPU on this machine: these paths run on the GPU machine "
+                                           "(figures in bench/results/gpu_home*.json, gpu_vram_cap*.json)"),
+]
+
+
+def run_bench(script, out, *args):
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / script), str(COMFY_DIR), str(out), *args],
+                         capture_output=True, text=True, timeout=900)
+    assert out.exists(), run.stdout[-2000:] + run.stderr[-3000:]
+    return json.loads(out.read_text()), run
+
+
+def test_pinned_home_on_gpu(tmp_path):
+    result, run = run_bench("comfy_home.py", tmp_path / "home.json", "--parts", "correctness,fallback")
+    failed = [c for c in result["checks"] if not c["ok"]]
+    assert not failed and run.returncode == 0, failed or run.stderr[-3000:]
+    assert result["parts"]["correctness"]["stages_identical"] == result["parts"]["correctness"]["stages_compared"] > 0
+
+
+def test_prefetch_under_a_cap_on_gpu(tmp_path):
+    result, run = run_bench("comfy_vram_cap.py", tmp_path / "cap.json", "--depth", "2", "--caps", "0.5,1",
+                            "--modes", "comfy,viking", "--reps", "2")
+    assert result["ok"] and run.returncode == 0, result["rows"]
+    viking = [r for r in result["rows"] if r["mode"] == "viking"]
+    assert viking and all(r["prefetch"]["copied_bytes"] > 0 and r["prefetch"]["failed"] is None for r in viking), viking
