@@ -21,6 +21,7 @@ Where the redirect hooks in: see `install`.
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -29,7 +30,7 @@ from itertools import chain
 class Home:
     tensors: dict = field(default_factory=dict)  # weight name -> CPU tensor with the unpatched value
     # weight name -> (data_ptr, version) of a VRAM copy made from the home: `pending` as the copy
-    # is made (home.install), `stamps` once the patcher that loaded it confirmed it unpatched.
+    # is made (home.watching), `stamps` once the patcher that loaded it confirmed it unpatched.
     pending: dict = field(default_factory=dict)
     stamps: dict = field(default_factory=dict)
     held: list = field(default_factory=list)  # the home tensors of weights now in VRAM: extra RAM
@@ -176,19 +177,27 @@ def _target(args, kwargs):
     return torch._C._nn._parse_to(*args, **kwargs)[0]
 
 
-def install(model, owner: int):
-    """Gives the torch module `model` and each of its submodules that holds weights an
-    instance-level `to` that, when the target is the CPU, first points the weights that have a
-    home back at it. Why there: ComfyUI moves weights back with `model.to(cpu)` (unpatch_model)
-    and `module.to(cpu)` (partially_unload), after it has restored its patch backups, and no
-    callback runs in between. The wrappers belong to this one model (every ModelPatcher clone
-    shares it) and do nothing once the model has no home."""
-    if "to" in vars(model):
-        return
-    for prefix, module in list(model.named_modules()):
-        holds_weights = next(_named_weights_here(module), None) is not None
-        if module is model or holds_weights:
-            module.to = _home_first_to(weakref.ref(module), prefix, owner)
+@contextmanager
+def watching(model, owner: int):
+    """For the duration of one ComfyUI call that moves weights (ModelPatcher.load,
+    unpatch_model, partially_unload), the torch module `model` and each of its submodules that
+    holds weights get an instance-level `to` that records VRAM copies made from a home and, when
+    the target is the CPU, first points the weights that have a home back at it. Why there:
+    ComfyUI moves weights with `model.to(...)` and `module.to(...)`, and restores its patch
+    backups before it moves them back; no callback runs in between. Nothing stays on the
+    modules after the call (so they still deep-copy and pickle as usual)."""
+    installed = []
+    if owner in _homes:
+        for prefix, module in list(model.named_modules()):
+            holds_weights = next(_named_weights_here(module), None) is not None
+            if (module is model or holds_weights) and "to" not in vars(module):
+                module.to = _home_first_to(weakref.ref(module), prefix, owner)
+                installed.append(module)
+    try:
+        yield
+    finally:
+        for module in installed:
+            del module.to
 
 
 def _named_weights_here(module):

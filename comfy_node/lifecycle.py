@@ -12,10 +12,9 @@ freed while registered), and we reconcile *after*:
 - ON_CLEANUP: after each sampling run, when the model is idle;
 - a weakref finalizer on the torch module: ComfyUI dropped the model -> release everything.
 
-Two steering points have no callback at all: `partially_load` (the VRAM cap: a thin wrapper on
-the patcher instance, `_install_vram_cap`) and the moment ComfyUI copies weights back to RAM
-(the pinned home: an instance-level `to` on the model's modules, see home.py). Both act only
-for models Viking pins.
+Two steering points have no callback at all: `partially_load` (the VRAM cap) and the moments
+ComfyUI copies weights between RAM and VRAM (the pinned home, see home.py). Both are thin
+wrappers on the patcher instance (`_install_wrappers`) and act only for models Viking pins.
 """
 
 from __future__ import annotations
@@ -212,14 +211,16 @@ def _noop(_patcher):
 GIB = 1 << 30
 
 
-def _install_vram_cap(patcher):
-    """Caps the VRAM ComfyUI gives this model's weights. ComfyUI decides how much of a model
-    to load in `ModelPatcher.partially_load(device, extra_memory)` (every load path goes through
-    it: load_models_gpu -> LoadedModel.model_load / model_use_more_vram). There is no option or
-    callback for a per-model limit, so this one patcher instance gets a thin wrapper that trims
-    `extra_memory` to the cap; ComfyUI's own lowvram machinery then streams the rest from RAM
-    (pinned by Viking). Clones get it again through ON_CLONE (instance attributes do not survive
-    clone()). It does nothing for a model without a cap."""
+def _install_wrappers(patcher):
+    """Thin wrappers on this one patcher instance, for what ComfyUI has no option or callback
+    for. Clones get them again through ON_CLONE (instance attributes do not survive clone()).
+    Each does nothing for a model Viking does not pin.
+
+    - `partially_load(device, extra_memory)` is where ComfyUI decides how much of a model goes
+      to VRAM (every load path: load_models_gpu -> LoadedModel.model_load / model_use_more_vram).
+      The VRAM cap trims `extra_memory`; ComfyUI's own lowvram machinery streams the rest.
+    - `load`, `unpatch_model` and `partially_unload` move weights between RAM and VRAM; while
+      they run, home.watching lets the pinned home see the copies made and send weights home."""
     if "partially_load" in vars(patcher):
         return
     cls, owner, weak = type(patcher), owner_of(patcher), weakref.ref(patcher)
@@ -238,12 +239,25 @@ def _install_vram_cap(patcher):
             _cap_surplus.pop(owner, None)
         return cls.partially_load(this, device_to, extra_memory, force_patch_weights=force_patch_weights)
 
+    def watched(name):
+        method = getattr(cls, name)
+
+        def call(*args, **kwargs):
+            this = weak()
+            with home.watching(this.model, owner):
+                return method(this, *args, **kwargs)
+
+        call.__name__ = name
+        return call
+
     patcher.partially_load = partially_load
+    for name in ("load", "unpatch_model", "partially_unload"):
+        setattr(patcher, name, watched(name))
 
 
 def _on_clone(original, clone):
     if owner_of(original) in _settings:
-        _install_vram_cap(clone)
+        _install_wrappers(clone)
 
 
 def set_vram_cap(patcher, cap_gib: float):
@@ -251,7 +265,7 @@ def set_vram_cap(patcher, cap_gib: float):
     owner = owner_of(patcher)
     if cap_gib > 0:
         _vram_caps[owner] = int(cap_gib * GIB)
-        _install_vram_cap(patcher)
+        _install_wrappers(patcher)
     else:
         _vram_caps.pop(owner, None)
 
@@ -292,8 +306,7 @@ def attach(patcher, settings: PinSettings) -> dict | None:
             patcher.add_callback_with_key(event, KEY, _on_event)
     if not patcher.get_callbacks(ext.CallbacksMP.ON_CLONE, KEY):
         patcher.add_callback_with_key(ext.CallbacksMP.ON_CLONE, KEY, _on_clone)
-    _install_vram_cap(patcher)
-    home.install(patcher.model, owner)
+    _install_wrappers(patcher)
     set_vram_cap(patcher, settings.vram_cap_gib)
     if hasattr(patcher, "set_injections") and KEY not in getattr(patcher, "injections", {}):
         patcher.set_injections(KEY, [ext.PatcherInjection(inject=_noop, eject=_noop)])
