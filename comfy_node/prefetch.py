@@ -50,10 +50,37 @@ def streamed_modules(model) -> list:
     return found
 
 
-class Prefetcher:
-    def __init__(self, root, modules: list, device, window_bytes: int):
+class CudaCopies:
+    """The four CUDA operations the prefetcher needs, in one place (tests put a CPU stand-in
+    here to check the bookkeeping without a GPU; the GPU runs are in bench/)."""
+
+    def __init__(self, device):
         import torch
 
+        self.torch, self.device = torch, device
+        self.stream = torch.cuda.Stream(device=device)
+
+    def copy(self, tensor):
+        """Queues a copy of `tensor` to the device on the copy stream: (copy, ready event)."""
+        torch = self.torch
+        with torch.cuda.stream(self.stream):
+            copied = tensor.to(self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return copied, event
+
+    def compute_waits_for(self, event):
+        self.torch.cuda.current_stream(self.device).wait_event(event)
+
+    def copies_wait_for_compute(self):
+        """Later copies start only after the compute queued so far."""
+        done = self.torch.cuda.Event()
+        done.record(self.torch.cuda.current_stream(self.device))
+        self.stream.wait_event(done)
+
+
+class Prefetcher:
+    def __init__(self, root, modules: list, device, window_bytes: int, copies=None):
         self.device = device
         self.window_bytes = int(window_bytes)
         self.modules = modules
@@ -65,7 +92,7 @@ class Prefetcher:
         self.in_flight = 0  # bytes issued and not yet consumed
         self.ready: dict[int, tuple] = {}  # module index -> (weight copy, bias copy, event, nbytes)
         self.swapped: dict[int, tuple] = {}  # module index -> (cpu weight, cpu bias, nbytes)
-        self.stream = torch.cuda.Stream(device=device)
+        self.copies = copies or CudaCopies(device)
         self.copied_bytes = 0
         self.failed = None
         self.extra_bytes = 0  # of window_bytes, beyond ComfyUI's own streaming buffer
@@ -131,8 +158,6 @@ class Prefetcher:
 
     def _issue(self):
         """Queues copies along the plan (and on into the next step) until `window_bytes` are in flight."""
-        import torch
-
         steps = len(self.plan)
         while self.issued < 2 * steps:
             index = self.plan[self.issued % steps]
@@ -146,19 +171,14 @@ class Prefetcher:
             if self.in_flight and self.in_flight + nbytes > self.window_bytes:
                 return
             self.issued += 1
-            with torch.cuda.stream(self.stream):
-                weight = module.weight.to(self.device, non_blocking=True)
-                bias = module.bias.to(self.device, non_blocking=True) if module.bias is not None else None
-                event = torch.cuda.Event()
-                event.record(self.stream)
+            bias, _ = self.copies.copy(module.bias) if module.bias is not None else (None, None)
+            weight, event = self.copies.copy(module.weight)  # its event also covers the bias
             self.ready[index] = (weight, bias, event, nbytes)
             self.in_flight += nbytes
             self.copied_bytes += nbytes
 
     # -- one streamed module -----------------------------------------------------------------------
     def _before(self, module, _args):
-        import torch
-
         index = self.index[id(module)]
         self.trace.append(index)
         if self.position < len(self.plan) and self.plan[self.position] == index:
@@ -173,7 +193,7 @@ class Prefetcher:
         if module.weight.device.type != "cpu" or module.weight.shape != weight.shape:
             self.in_flight -= nbytes  # moved or changed since the copy was queued: unused
             return
-        torch.cuda.current_stream(self.device).wait_event(event)
+        self.copies.compute_waits_for(event)
         self.swapped[index] = (module.weight.data, module.bias.data if module.bias is not None else None, nbytes)
         module.weight.data = weight
         if bias is not None:
@@ -192,8 +212,6 @@ class Prefetcher:
         self._restore(self.index[id(module)])
 
     def _restore(self, index: int):
-        import torch
-
         saved = self.swapped.pop(index, None)
         if saved is None:
             return
@@ -201,9 +219,7 @@ class Prefetcher:
         cpu_weight, cpu_bias, nbytes = saved
         # The copy stream may reuse this memory only after this layer's compute is done: queue
         # that wait before the VRAM copy is let go.
-        done = torch.cuda.Event()
-        done.record(torch.cuda.current_stream(self.device))
-        self.stream.wait_event(done)
+        self.copies.copies_wait_for_compute()
         module.weight.data = cpu_weight
         if cpu_bias is not None:
             module.bias.data = cpu_bias

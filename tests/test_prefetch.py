@@ -1,0 +1,148 @@
+"""The prefetcher's bookkeeping (comfy_node/prefetch.py), on the CPU: the real Prefetcher and its
+forward hooks on a real torch model, with a CPU stand-in for the four CUDA operations (a copy
+is a clone; the stream waits are recorded). What only a GPU can show (overlap, speed, VRAM) is
+measured in bench/comfy_vram_cap.py and checked by tests/test_gpu_streaming.py there."""
+
+import torch
+
+from comfy_node.prefetch import Prefetcher, streamed_modules
+
+WIDTH = 64
+
+
+class Streamed(torch.nn.Linear):
+    comfy_cast_weights = True  # as ComfyUI marks a layer it streams in a lowvram load
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(Streamed(WIDTH, WIDTH) for _ in range(8))
+        self.resident = torch.nn.Linear(WIDTH, WIDTH)  # a layer that sits in VRAM: not streamed
+        self.skip, self.fail_at = None, None
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            if i == self.skip:
+                continue
+            if i == self.fail_at:
+                raise RuntimeError("interrupted")
+            x = torch.tanh(layer(x))
+            if i == 3:
+                x = self.resident(x)
+        return x
+
+
+class CpuCopies:
+    """Stand-in for CudaCopies: same calls, CPU tensors, and a log of what was asked."""
+
+    def __init__(self):
+        self.copies, self.compute_waits, self.copy_waits = 0, 0, 0
+
+    def copy(self, tensor):
+        self.copies += 1
+        return tensor.detach().clone(), object()
+
+    def compute_waits_for(self, event):
+        assert event is not None
+        self.compute_waits += 1
+
+    def copies_wait_for_compute(self):
+        self.copy_waits += 1
+
+
+def layer_bytes(layer):
+    return layer.weight.nbytes + layer.bias.nbytes
+
+
+def make(window_layers=3):
+    net = Net()
+    modules = streamed_modules(net)
+    copies = CpuCopies()
+    prefetcher = Prefetcher(net, modules, "cpu", window_layers * layer_bytes(modules[0]), copies=copies)
+    originals = {id(m): m.weight.data_ptr() for m in modules}
+    seen = {"swapped": 0, "max_in_flight": 0}
+
+    def watch(module, _args):  # runs after the prefetcher's own pre-hook
+        if module.weight.data_ptr() != originals[id(module)]:
+            seen["swapped"] += 1
+        seen["max_in_flight"] = max(seen["max_in_flight"], prefetcher.in_flight)
+
+    for m in modules:
+        m.register_forward_pre_hook(watch)
+    return net, modules, prefetcher, copies, originals, seen
+
+
+def all_home(modules, originals):
+    return all(m.weight.data_ptr() == originals[id(m)] for m in modules)
+
+
+def test_streamed_layers_are_the_marked_ones():
+    net = Net()
+    assert streamed_modules(net) == list(net.layers)
+
+
+def test_copies_run_ahead_within_the_window_and_outputs_are_identical():
+    net, modules, prefetcher, copies, originals, seen = make(window_layers=3)
+    x = torch.randn(4, WIDTH)
+    reference = Net()(x)
+    with torch.no_grad():
+        first = net(x)
+        assert copies.copies == 0 and seen["swapped"] == 0  # step 1 records the order only
+        second = net(x)
+        assert seen["swapped"] == 8 and copies.compute_waits == 8  # every layer used its copy
+        assert copies.copy_waits == 8  # and the copy stream waited for each layer's compute
+        # The copy stream went on into the next step within the window: its first layers are queued.
+        assert len(prefetcher.ready) == 3 and prefetcher.issued == 3
+        third = net(x)
+    assert seen["swapped"] == 16 and prefetcher.failed is None
+    assert torch.equal(first, reference) and torch.equal(second, reference) and torch.equal(third, reference)
+    assert seen["max_in_flight"] <= prefetcher.window_bytes
+    assert all_home(modules, originals) and not prefetcher.swapped
+
+
+def test_a_step_that_runs_other_layers_falls_back_and_replans():
+    net, modules, prefetcher, copies, originals, seen = make()
+    x = torch.randn(2, WIDTH)
+    with torch.no_grad():
+        net(x)
+        net(x)
+        net.skip = 2  # this step skips a planned layer
+        expected = Net()
+        expected.skip = 2
+        assert torch.equal(net(x), expected(x))
+        assert prefetcher.plan == [0, 1, 3, 4, 5, 6, 7]  # the next steps follow the new order
+        assert torch.equal(net(x), expected(x))
+    assert all_home(modules, originals) and prefetcher.in_flight == sum(
+        layer_bytes(modules[i]) for i in prefetcher.ready)
+
+
+def test_an_interrupted_step_puts_every_weight_back():
+    net, modules, prefetcher, copies, originals, seen = make()
+    x = torch.randn(2, WIDTH)
+    with torch.no_grad():
+        net(x)
+        net(x)
+        net.fail_at = 5
+        try:
+            net(x)
+        except RuntimeError:
+            pass
+        assert all_home(modules, originals) and not prefetcher.swapped
+        net.fail_at = None
+        assert torch.equal(net(x), Net()(x))
+
+
+def test_idle_and_remove_let_go_of_everything():
+    net, modules, prefetcher, copies, originals, seen = make()
+    x = torch.randn(2, WIDTH)
+    with torch.no_grad():
+        net(x)
+        net(x)
+    assert prefetcher.ready and prefetcher.in_flight > 0
+    prefetcher.idle()  # between sampling runs
+    assert not prefetcher.ready and prefetcher.in_flight == 0
+    prefetcher.remove()
+    assert not any(len(m._forward_pre_hooks) > 1 for m in modules)  # only the test's own watcher is left
+    assert not net._forward_pre_hooks and not net._forward_hooks
