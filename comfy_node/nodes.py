@@ -139,7 +139,9 @@ SPECS = [
     _pin_spec("VikingPinModel", "MODEL", "Viking Pin Model",
               "Keeps the diffusion model's weights that sit in RAM page-locked (never swapped; full-speed "
               "copies to the GPU), within a RAM budget. Returns a clone; the pins follow the weights as "
-              "ComfyUI loads and unloads them. Optionally caps the VRAM the model's weights take.",
+              "ComfyUI loads and unloads them. With a pinned home, unloading copies nothing and reloading "
+              "runs at DMA speed. Optionally caps the VRAM the model's weights take; the rest streams from "
+              "pinned RAM, prefetched ahead of the layers that need it.",
               extra_inputs=[VRAM_CAP]),
     _pin_spec("VikingPinCLIP", "CLIP", "Viking Pin CLIP", "The same as Viking Pin Model, for the text encoder."),
     _pin_spec("VikingPinVAE", "VAE", "Viking Pin VAE", "The same as Viking Pin Model, for the VAE."),
