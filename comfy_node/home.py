@@ -15,7 +15,7 @@ replaced by its home when it is the very tensor a load made from the home (same 
 same version counter where torch tracks one: not for inference tensors), and when the Viking
 patcher that loaded it confirmed, at ON_LOAD, that it carries no patch. Anything else takes
 ComfyUI's ordinary path.
-Where the redirect hooks in: see `install`.
+Where the redirect hooks in: see `watching`.
 """
 
 from __future__ import annotations

@@ -134,6 +134,8 @@ def reconcile(patcher) -> dict | None:
         return None
     native = require()
     if _is_dynamic(patcher) or dynamic_vram_enabled():
+        home.drop(owner)
+        prefetch.drop(owner)
         native.release(owner)
         report = {"owner": owner, "pinned_bytes": 0, "wanted_bytes": 0, "standing_aside": "ComfyUI dynamic VRAM mode pins these weights itself (read-only file mappings): Viking leaves them alone"}
         _last_reports[owner] = report
