@@ -28,28 +28,21 @@ import statistics
 import sys
 import time
 
+import flux_model
+from flux_model import arg
+
 comfy_dir, out_path = sys.argv[1], sys.argv[2]
 cpu = "--cpu" in sys.argv
-
-
-def arg(name, default, kind=str):
-    return kind(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
-
 
 parts = arg("--parts", "correctness,fallback" if cpu else "correctness,fallback,timing,alternate").split(",")
 depth, reps = arg("--depth", 19, int), arg("--reps", 5, int)
 cycles, switches = arg("--cycles", 20 if cpu else 3, int), arg("--switches", 6, int)
-sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
-sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else [])
+flux_model.start_comfy(comfy_dir, cpu)
 
 import torch  # noqa: E402
 
-import comfy.options  # noqa: E402
-
-comfy.options.enable_args_parsing()
 import comfy.model_management as mm  # noqa: E402
 import comfy.model_patcher  # noqa: E402
-import flux_model  # noqa: E402
 
 from comfy_node import home, lifecycle  # noqa: E402
 from comfy_node.native import require  # noqa: E402
@@ -131,12 +124,7 @@ def _run_sequence(viking: bool):
     lora = patcher.clone()  # as a LoRA loader after the Viking node makes it
     lora.add_patches(lora_patches(model, 9), 1.0)
     storages = {n: t.data_ptr() for n, t in list(model.named_parameters()) + list(model.named_buffers())}
-    tokens = 8 if cpu else 64
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(1, 16, tokens, tokens, generator=g).to(device, torch.bfloat16)
-    ctx = torch.randn(1, 16 if cpu else 256, cfg["context_in_dim"], generator=g).to(device, torch.bfloat16)
-    y = torch.randn(1, cfg["vec_in_dim"], generator=g).to(device, torch.bfloat16)
-    t, guide = torch.tensor([0.5], device=device), torch.tensor([3.5], device=device)
+    x, t, ctx, y, guide = flux_model.step_inputs(cfg, device, 8 if cpu else 64, 16 if cpu else 256)
     model_bytes = sum(p.nbytes for p in model.parameters())
     outputs, flat, problems = [], [], []
 
@@ -305,13 +293,7 @@ if "timing" in parts and not cpu:
 if "alternate" in parts and not cpu:
     models = [big_model() for _ in range(2)]
     model_bytes = models[0][0].model_size()
-    tokens = 128
-    g = torch.Generator().manual_seed(1)
-    cfg = models[0][1]
-    x = torch.randn(1, 16, tokens, tokens, generator=g).to(device, torch.bfloat16)
-    ctx = torch.randn(1, 512, cfg["context_in_dim"], generator=g).to(device, torch.bfloat16)
-    y = torch.randn(1, cfg["vec_in_dim"], generator=g).to(device, torch.bfloat16)
-    t, guide = torch.tensor([0.5], device=device), torch.tensor([3.5], device=device)
+    x, t, ctx, y, guide = flux_model.step_inputs(models[0][1], device, 128, 512)
     mm.unload_all_models()
     free, _ = torch.cuda.mem_get_info()
     keep_free = int(model_bytes * 1.45)  # one model and its working memory, never two
@@ -349,11 +331,7 @@ if "alternate" in parts and not cpu:
 status = json.loads(native.status_json())
 check("all", status["counters"]["failures"] == 0 and status["release_failures"] == 0, "no failed pin or release")
 if torch.cuda.is_available():
-    import ctypes
-
-    with open("/proc/self/maps") as maps:
-        cudart = next(line.split()[-1] for line in maps if "libcudart.so" in line)
-    check("all", ctypes.CDLL(cudart).cudaGetLastError() == 0, "no CUDA error left behind")
+    check("all", flux_model.cuda_error_left() == 0, "no CUDA error left behind")
     import subprocess
 
     result["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],

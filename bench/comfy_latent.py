@@ -10,31 +10,22 @@ usage: python bench/comfy_latent.py COMFY_DIR OUT.json [--depth N] [--free-gib G
 """
 
 import json
-import os
 import sys
 import time
 
+import flux_model
+from flux_model import arg
+
 comfy_dir, out_path = sys.argv[1], sys.argv[2]
-
-
-def arg(name, default, kind=str):
-    return kind(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
-
-
 depth, free_gib, cap_gib = arg("--depth", 19, int), arg("--free-gib", 24.0, float), arg("--cap-gib", 8.0, float)
 sizes = [int(s) for s in arg("--sizes", "1024,2048,3072,4096").split(",")]
-sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
-sys.argv = [sys.argv[0]]
+flux_model.start_comfy(comfy_dir, cpu=False)
 
 import torch  # noqa: E402
 
-import comfy.options  # noqa: E402
-
-comfy.options.enable_args_parsing()
 import comfy.model_management as mm  # noqa: E402
 import comfy.model_patcher  # noqa: E402
 import comfy.sampler_helpers  # noqa: E402
-import flux_model  # noqa: E402
 
 from comfy_node import lifecycle  # noqa: E402
 
@@ -55,12 +46,7 @@ def save():
 
 
 def step(size):
-    g = torch.Generator().manual_seed(1)
-    tokens = size // 8
-    x = torch.randn(1, 16, tokens, tokens, generator=g).to(device, torch.bfloat16)
-    ctx = torch.randn(1, 512, cfg["context_in_dim"], generator=g).to(device, torch.bfloat16)
-    y = torch.randn(1, cfg["vec_in_dim"], generator=g).to(device, torch.bfloat16)
-    t, guide = torch.tensor([0.5], device=device), torch.tensor([3.5], device=device)
+    x, t, ctx, y, guide = flux_model.step_inputs(cfg, device, size // 8, 512)
     with torch.inference_mode():
         patcher.model.diffusion_model(x, t, ctx, y=y, guidance=guide)  # warm-up (and the prefetch plan)
         torch.cuda.synchronize()

@@ -13,25 +13,21 @@ usage: python bench/comfy_lifecycle.py COMFY_DIR OUT.json [--cpu] [--depth N] [-
 import gc
 import json
 import logging
-import os
 import sys
 import time
 
+import flux_model
+from flux_model import arg
+
 comfy_dir, out_path = sys.argv[1], sys.argv[2]
 cpu = "--cpu" in sys.argv
-depth = int(sys.argv[sys.argv.index("--depth") + 1]) if "--depth" in sys.argv else (1 if cpu else 6)
-vram_gib = float(sys.argv[sys.argv.index("--vram-gib") + 1]) if "--vram-gib" in sys.argv else 3.0
-sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
-sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else [])
+depth, vram_gib = arg("--depth", 1 if cpu else 6), arg("--vram-gib", 3.0)
+flux_model.start_comfy(comfy_dir, cpu)
 
 import torch  # noqa: E402
 
-import comfy.options  # noqa: E402
-
-comfy.options.enable_args_parsing()
 import comfy.model_management as mm  # noqa: E402
 import comfy.model_patcher  # noqa: E402
-import flux_model  # noqa: E402
 
 from comfy_node import lifecycle  # noqa: E402
 from comfy_node.native import require  # noqa: E402
@@ -153,11 +149,7 @@ check("dropped", status["registrations"] == 0 and not any(o["owner"] == owner fo
 check("all", not [w for w in warnings if "pin" in w.lower()], f"no pin warnings from ComfyUI or Viking: {warnings}")
 check("all", status["counters"]["failures"] == 0 and status["release_failures"] == 0, "no failed pin or release")
 if torch.cuda.is_available():
-    import ctypes
-
-    with open("/proc/self/maps") as maps:
-        cudart = next(line.split()[-1] for line in maps if "libcudart.so" in line)
-    check("all", ctypes.CDLL(cudart).cudaGetLastError() == 0, "no CUDA error left behind")
+    check("all", flux_model.cuda_error_left() == 0, "no CUDA error left behind")
 
 result = dict(
     bench="comfy_lifecycle", date=time.strftime("%Y-%m-%d"), device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

@@ -14,34 +14,25 @@ usage: python bench/comfy_vram_cap.py COMFY_DIR OUT.json [--cpu] [--depth N] [--
 """
 
 import json
-import os
 import statistics
 import sys
 import time
 
+import flux_model
+from flux_model import arg
+
 comfy_dir, out_path = sys.argv[1], sys.argv[2]
 cpu = "--cpu" in sys.argv
 devicemap = "--no-devicemap" not in sys.argv
-
-
-def arg(name, default, kind=float):
-    return kind(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
-
-
 depth, reps = arg("--depth", 1 if cpu else 19, int), arg("--reps", 2 if cpu else 5, int)
 caps = [float(c) for c in arg("--caps", "0.002,0.005" if cpu else "4,8,12,16", str).split(",")]
 modes = arg("--modes", "viking" if cpu else "comfy,viking,viking_noprefetch", str).split(",")
-sys.path[:0] = [comfy_dir, os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
-sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else [])
+flux_model.start_comfy(comfy_dir, cpu)
 
 import torch  # noqa: E402
 
-import comfy.options  # noqa: E402
-
-comfy.options.enable_args_parsing()
 import comfy.model_management as mm  # noqa: E402
 import comfy.model_patcher  # noqa: E402
-import flux_model  # noqa: E402
 
 from comfy_node import lifecycle  # noqa: E402
 from comfy_node.native import require  # noqa: E402
@@ -54,11 +45,7 @@ model_bytes = sum(p.nbytes for p in model.parameters())
 patcher = comfy.model_patcher.ModelPatcher(model, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())
 device = mm.get_torch_device()
 tokens, context = (16, 8) if cpu else (128, 512)
-g = torch.Generator().manual_seed(1)
-x = torch.randn(1, 16, tokens, tokens, generator=g).to(device, torch.bfloat16)
-ctx = torch.randn(1, context, cfg["context_in_dim"], generator=g).to(device, torch.bfloat16)
-y = torch.randn(1, cfg["vec_in_dim"], generator=g).to(device, torch.bfloat16)
-timestep, guidance = torch.tensor([0.5], device=device), torch.tensor([3.5], device=device)
+x, timestep, ctx, y, guidance = flux_model.step_inputs(cfg, device, tokens, context)
 
 
 def sync():

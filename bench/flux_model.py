@@ -1,6 +1,48 @@
-"""The synthetic Flux-shaped diffusion model the GPU benchmarks and lifecycle checks use: built
-through ComfyUI's own model classes (so ComfyUI's model management treats it as a real Flux),
-bf16, with cheap deterministic weights. Import after ComfyUI's args are parsed."""
+"""What the in-process ComfyUI benchmarks share: starting ComfyUI's modules in this process, the
+synthetic Flux-shaped diffusion model (built through ComfyUI's own model classes, so its model
+management treats it as a real Flux; bf16, cheap deterministic weights), the inputs of one
+step, and the check that no CUDA error was left behind."""
+
+import os
+import sys
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+
+
+def arg(name, default, kind=None):
+    """The value after `name` on the command line (as `kind`, by default the default's type)."""
+    return (kind or type(default))(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+def start_comfy(comfy_dir, cpu: bool):
+    """Makes ComfyUI (in `comfy_dir`) and this repository importable and lets ComfyUI parse
+    its own arguments (only --cpu, or none). Call after reading this script's arguments."""
+    sys.path[:0] = [comfy_dir, os.path.dirname(BENCH), BENCH]
+    sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else [])
+    import comfy.options
+
+    comfy.options.enable_args_parsing()
+
+
+def step_inputs(cfg, device, tokens: int, context: int):
+    """Seeded inputs of one diffusion-model step: latent (tokens x tokens), text context,
+    pooled vector, timestep and guidance. Pass as model(x, t, ctx, y=y, guidance=guidance)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 16, tokens, tokens, generator=g).to(device, torch.bfloat16)
+    ctx = torch.randn(1, context, cfg["context_in_dim"], generator=g).to(device, torch.bfloat16)
+    y = torch.randn(1, cfg["vec_in_dim"], generator=g).to(device, torch.bfloat16)
+    return x, torch.tensor([0.5], device=device), ctx, y, torch.tensor([3.5], device=device)
+
+
+def cuda_error_left() -> int:
+    """cudaGetLastError() of the CUDA runtime PyTorch loaded (0: none left behind)."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        cudart = next(line.split()[-1] for line in maps if "libcudart.so" in line)
+    return ctypes.CDLL(cudart).cudaGetLastError()
 
 
 def build(depth: int, tiny: bool):

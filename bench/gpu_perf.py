@@ -24,14 +24,12 @@ import subprocess
 import sys
 import time
 
+from flux_model import arg
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 GIB = 1 << 30
 DEVICEMAP = "--no-devicemap" not in sys.argv  # read before run_case resets sys.argv for ComfyUI
-
-
-def arg(name, default, kind=float):
-    return kind(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
 def median(values):

@@ -57,9 +57,10 @@ def update(patcher, owner: int):
     weights in VRAM (`held`) are extra RAM, pinned along with the rest."""
     home = _homes.setdefault(owner, Home())
     backup, hook_backup = _patched_names(patcher)
-    held, seen = [], set()
+    held, seen, all_in_ram = [], set(), True
     for name, weight in _named_weights(patcher.model):
         seen.add(name)
+        all_in_ram = all_in_ram and weight.device.type == "cpu"
         if name in hook_backup:
             continue  # hook-patched now; the home (if any) was taken before the hook applied
         current = backup[name].weight if name in backup else weight
@@ -83,8 +84,8 @@ def update(patcher, owner: int):
         home.stamps.pop(name, None)
         home.pending.pop(name, None)
     home.held = held
-    if all(w.device.type == "cpu" for _, w in _named_weights(patcher.model)):
-        home.note = None  # all in RAM: the next load may get a home again
+    if all_in_ram:
+        home.note = None  # the next load may get a home again
 
 
 def note(owner: int) -> str | None:
@@ -187,7 +188,7 @@ def watching(model, owner: int):
     backups before it moves them back; no callback runs in between. Nothing stays on the
     modules after the call (so they still deep-copy and pickle as usual)."""
     installed = []
-    if owner in _homes:
+    if owner in _homes and _homes[owner].tensors:  # nothing at home: nothing to record or send
         for prefix, module in list(model.named_modules()):
             holds_weights = next(_named_weights_here(module), None) is not None
             if (module is model or holds_weights) and "to" not in vars(module):

@@ -80,7 +80,7 @@ class CudaCopies:
 
 
 class Prefetcher:
-    def __init__(self, root, modules: list, device, window_bytes: int, copies=None):
+    def __init__(self, root, modules: list, device, window_bytes: int, copies=None, extra_bytes: int = 0):
         self.device = device
         self.window_bytes = int(window_bytes)
         self.modules = modules
@@ -95,7 +95,7 @@ class Prefetcher:
         self.copies = copies or CudaCopies(device)
         self.copied_bytes = 0
         self.failed = None
-        self.extra_bytes = 0  # of window_bytes, beyond ComfyUI's own streaming buffer
+        self.extra_bytes = extra_bytes  # of window_bytes, beyond ComfyUI's own streaming buffer
         self.handles = [root.register_forward_pre_hook(self._guarded(self._begin_step)),
                         root.register_forward_hook(self._guarded(self._end_step), always_call=True)]
         for module in modules:
@@ -236,12 +236,6 @@ DEFAULT_WINDOW_BYTES = 2 << 30  # measured on an H200: enough to bridge Flux's r
 SAFETY_BYTES = 1 << 30  # never take the last GiB of free VRAM for copies ahead
 
 
-def extra_bytes(owner: int) -> int:
-    """VRAM the prefetch window uses beyond ComfyUI's own streaming buffer."""
-    current = _prefetchers.get(owner)
-    return current.extra_bytes if current is not None else 0
-
-
 def update(patcher, owner: int, enabled: bool, window_bytes: int = 0, surplus_bytes: int = 0) -> dict | None:
     """After a load or unload: streams through a prefetcher while the model has streamed
     layers on a CUDA device, and through nothing otherwise. Returns a summary for the status."""
@@ -263,8 +257,7 @@ def update(patcher, owner: int, enabled: bool, window_bytes: int = 0, surplus_by
     free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     extra = min(max(0, (window_bytes or DEFAULT_WINDOW_BYTES) - reserved), surplus_bytes, max(0, free - SAFETY_BYTES))
     root = patcher.model.diffusion_model if hasattr(patcher.model, "diffusion_model") else patcher.model
-    _prefetchers[owner] = Prefetcher(root, modules, device, reserved + extra)
-    _prefetchers[owner].extra_bytes = extra
+    _prefetchers[owner] = Prefetcher(root, modules, device, reserved + extra, extra_bytes=extra)
     log.info("Viking Engine: prefetching %d streamed layers, %.0f MiB ahead", len(modules), (reserved + extra) / 2**20)
     return summary(owner)
 

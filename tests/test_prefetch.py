@@ -74,6 +74,16 @@ def make(window_layers=3):
     return net, modules, prefetcher, copies, originals, seen
 
 
+def warmed(window_layers=3):
+    """make(), then two steps: the first records the order, the second prefetches along it."""
+    parts = make(window_layers)
+    x = torch.randn(2, WIDTH)
+    with torch.no_grad():
+        parts[0](x)
+        parts[0](x)
+    return parts + (x,)
+
+
 def all_home(modules, originals):
     return all(m.weight.data_ptr() == originals[id(m)] for m in modules)
 
@@ -103,11 +113,8 @@ def test_copies_run_ahead_within_the_window_and_outputs_are_identical():
 
 
 def test_a_step_that_runs_other_layers_falls_back_and_replans():
-    net, modules, prefetcher, copies, originals, seen = make()
-    x = torch.randn(2, WIDTH)
+    net, modules, prefetcher, copies, originals, seen, x = warmed()
     with torch.no_grad():
-        net(x)
-        net(x)
         net.skip = 2  # this step skips a planned layer
         expected = Net()
         expected.skip = 2
@@ -119,11 +126,8 @@ def test_a_step_that_runs_other_layers_falls_back_and_replans():
 
 
 def test_an_interrupted_step_puts_every_weight_back():
-    net, modules, prefetcher, copies, originals, seen = make()
-    x = torch.randn(2, WIDTH)
+    net, modules, prefetcher, copies, originals, seen, x = warmed()
     with torch.no_grad():
-        net(x)
-        net(x)
         net.fail_at = 5
         try:
             net(x)
@@ -135,11 +139,7 @@ def test_an_interrupted_step_puts_every_weight_back():
 
 
 def test_idle_and_remove_let_go_of_everything():
-    net, modules, prefetcher, copies, originals, seen = make()
-    x = torch.randn(2, WIDTH)
-    with torch.no_grad():
-        net(x)
-        net(x)
+    net, modules, prefetcher, copies, originals, seen, x = warmed()
     assert prefetcher.ready and prefetcher.in_flight > 0
     prefetcher.idle()  # between sampling runs
     assert not prefetcher.ready and prefetcher.in_flight == 0
