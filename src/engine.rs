@@ -12,6 +12,7 @@ use crate::backend::faults::{FaultState, Faults, Faulty};
 use crate::backend::oslock::OsLock;
 use crate::backend::{Backend, BackendChoice, BackendKind, Registration};
 use crate::budget::{self, Budget, MemorySnapshot, Os, Policy};
+use crate::cgroup;
 use crate::error::{Result, VikingError};
 use crate::ledger::{Entry, Keepalive, Ledger};
 use crate::memmap::{self, MemoryKind};
@@ -133,18 +134,16 @@ pub struct Engine {
 pub fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64) -> MemorySnapshot {
     let mut system = sysinfo::System::new();
     system.refresh_memory();
-    let cgroup = system.cgroup_limits();
+    let total_ram = system.total_memory();
+    // MemAvailable counts clean page cache as available; the container figure does too.
+    let container = cgroup::container(&sys::os::cgroup_levels(), total_ram);
     let commit = sys::os::commit_charge();
-    let mut available = system.available_memory();
-    if let Some(limits) = &cgroup {
-        available = available.min(limits.free_memory);
-    }
     MemorySnapshot {
-        total_ram: system.total_memory(),
-        available_ram: available,
+        total_ram,
+        available_ram: container.map_or(u64::MAX, |c| c.available).min(system.available_memory()),
         swap_total: system.total_swap(),
         swap_used: system.used_swap(),
-        container_limit: cgroup.map(|c| c.total_memory).filter(|&limit| limit > 0 && limit < system.total_memory()),
+        container_limit: container.map(|c| c.limit),
         pinned_by_us,
         pinned_by_others,
         commit_limit: commit.map(|c| c.0),

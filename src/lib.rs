@@ -3,12 +3,13 @@
 //! Layers, from the bottom:
 //! - `sys`: thin unsafe calls (CUDA driver through cudarc, mlock, /proc);
 //! - `backend`: safe backends behind one trait, and `Registration`, which unpins on drop;
-//! - `budget`, `plan`, `memmap`: pure logic, no I/O, unit- and property-tested;
+//! - `budget`, `plan`, `memmap`, `cgroup`: pure logic, no I/O, unit- and property-tested;
 //! - `ledger`, `engine`, `status`: the live registrations, `reconcile`, the status JSON;
 //! - `python`: the pyo3 module (thin), with the one mapping of errors to Python exceptions.
 
 pub mod backend;
 pub mod budget;
+pub mod cgroup;
 pub mod engine;
 pub mod error;
 pub mod ledger;

@@ -3,6 +3,7 @@ ComfyUI, and a missing native module. The ledger must stay consistent, nothing m
 
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -93,6 +94,34 @@ def test_memory_pressure_releases_the_lowest_priority_first(clean):
     finally:
         helper.kill()
         helper.wait()
+
+
+def mem_available():
+    with open("/proc/meminfo") as meminfo:
+        return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo and cgroups: Linux only")
+def test_page_cache_is_not_memory_pressure(clean, tmp_path):
+    """Clean page cache (a checkpoint ComfyUI just read) is RAM the kernel hands back at once: it
+    must count as available, or Viking sees pressure that is not there and pins nothing. (CI
+    failed this way once: cgroup usage, page cache included, was taken for used RAM.)"""
+    cached = tmp_path / "checkpoint_in_page_cache.bin"
+    with open(cached, "wb") as out:  # 2 GiB of clean page cache
+        block = b"\x01" * (64 * MIB)
+        for _ in range(32):
+            out.write(block)
+        out.flush()
+        os.fsync(out.fileno())  # written back: clean pages, as after reading a checkpoint
+    memory = json.loads(vn.status_json())["memory"]
+    if memory["container_limit"] is None:
+        assert memory["available_ram"] >= mem_available() - 512 * MIB, (memory, mem_available())
+    # A headroom that leaves 1 GiB of what the kernel calls available: 256 MiB still pins.
+    vn.configure(headroom_gib=(min(memory["available_ram"], mem_available()) - (1 << 30)) / (1 << 30))
+    report = pin(1, model(256))
+    assert report["pinned_bytes"] >= 0.99 * report["wanted_bytes"], report
+    assert not any("pressure" in e for e in json.loads(vn.status_json())["events"])
+    cached.unlink()
 
 
 # --- on a real ComfyUI -------------------------------------------------------------------------

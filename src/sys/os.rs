@@ -220,3 +220,35 @@ pub fn self_status_bytes(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
     text.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map(|kib| kib * 1024)
 }
+
+/// Every level of our memory cgroup that has a usage file, from our own cgroup up to the root
+/// of the mount (see `cgroup.rs`); empty where there are no cgroups (not Linux).
+pub fn cgroup_levels() -> Vec<crate::cgroup::Level> {
+    use crate::cgroup::{self, CgroupVersion, Level};
+    if !cfg!(target_os = "linux") {
+        return Vec::new();
+    }
+    let Some((version, path)) = std::fs::read_to_string("/proc/self/cgroup").ok().as_deref().and_then(cgroup::memory_cgroup_path)
+    else {
+        return Vec::new();
+    };
+    let mount = match version {
+        CgroupVersion::V1 => "/sys/fs/cgroup/memory",
+        CgroupVersion::V2 if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => "/sys/fs/cgroup",
+        CgroupVersion::V2 => "/sys/fs/cgroup/unified",
+    };
+    let (limit_file, usage_file, stat_file) = version.files();
+    let read = |dir: &std::path::Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
+    cgroup::ancestors(&path)
+        .iter()
+        .filter_map(|relative| {
+            let dir = std::path::Path::new(mount).join(relative);
+            let usage = read(&dir, usage_file)?.trim().parse().ok()?;
+            Some(Level {
+                limit: read(&dir, limit_file).as_deref().and_then(cgroup::parse_limit),
+                usage,
+                reclaimable_file: read(&dir, stat_file).as_deref().map(cgroup::reclaimable_file).unwrap_or(0),
+            })
+        })
+        .collect()
+}
