@@ -11,6 +11,7 @@ leaks from one into the next.
   low_none     lowvram: VRAM left to ComfyUI limited (dummy allocation), pinning disabled
   low_builtin  the same with ComfyUI's built-in pinning
   low_viking   the same with Viking (ComfyUI's built-in pinning still on)
+  low_engine   the same with Viking's engine mode (no node: pinned after load_models_gpu)
 
 usage: python bench/gpu_perf.py COMFY_DIR OUT.json [--depth 19] [--vram-gib 12] [--reps 5] [--modes a,b]
        [--no-devicemap]   (Viking registers PORTABLE only, as ComfyUI does)
@@ -76,6 +77,9 @@ def run_case(mode, comfy_dir, depth, vram_gib, reps):
         started = time.perf_counter()
         lifecycle.attach(patcher, lifecycle.PinSettings(label="flux", backend="cuda", headroom_gib=8.0))
         result["pin_s"] = round(time.perf_counter() - started, 3)
+    if mode == "low_engine":  # no node: engine mode pins what load_models_gpu loaded
+        from comfy_node import engine_mode
+        engine_mode.set_enabled(True)
     torch.cuda.synchronize()
     started = time.perf_counter()
     mm.load_models_gpu([patcher], force_full_load=mode.startswith("full"))
@@ -86,6 +90,7 @@ def run_case(mode, comfy_dir, depth, vram_gib, reps):
     result["comfy_pinned_bytes"] = int(mm.TOTAL_PINNED_MEMORY)
     status = json.loads(native.status_json())
     result["viking_pinned_bytes"] = status["pinned_bytes"]
+    result["viking_owners"] = [dict(label=o["label"], by_backend=o["by_backend"], pinned_bytes=o["pinned_bytes"]) for o in status["owners"]]
 
     device = mm.get_torch_device()
     x = torch.randn(1, 16, 128, 128, device=device, dtype=torch.bfloat16)  # 1024x1024 image
@@ -231,6 +236,10 @@ def main():
         summary["lowvram_viking_over_builtin"] = round(cases["low_viking"]["step_s_median"] / cases["low_builtin"]["step_s_median"], 3)
         summary["lowvram_none_over_viking"] = round(cases["low_none"]["step_s_median"] / cases["low_viking"]["step_s_median"], 2)
         summary["lowvram_none_over_builtin"] = round(cases["low_none"]["step_s_median"] / cases["low_builtin"]["step_s_median"], 2)
+    engine, builtin = cases.get("low_engine", {}), cases.get("low_builtin", {})
+    if "step_s_median" in engine and "step_s_median" in builtin:
+        summary["lowvram_engine_over_builtin"] = round(engine["step_s_median"] / builtin["step_s_median"], 3)
+        summary["lowvram_engine_same_output_checksum"] = engine["output_checksum"] == builtin["output_checksum"]
     if "load_s" in cases.get("full_none", {}) and "load_s" in cases.get("full_viking", {}):
         summary["full_load_unpinned_over_viking"] = round(cases["full_none"]["load_s"] / cases["full_viking"]["load_s"], 2)
     checksums = {m: cases[m].get("output_checksum") for m in cases if m != "pin"}

@@ -206,3 +206,21 @@ def test_cuda_registration_of_gigabytes():
     assert vn.release_all() == 4 * gib
     assert json.loads(vn.status_json())["registrations"] == 0
     assert not any(t.is_pinned() for t in tensors)
+
+    # PORTABLE only (ComfyUI's own flags): pinned and as fast, but no device mapping.
+    vn.configure(headroom_gib=0.0, cuda_devicemap=False)
+    try:
+        report = json.loads(vn.reconcile(9, ranges, backend="cuda"))
+        assert report["pinned_bytes"] == 4 * gib and all(t.is_pinned() for t in tensors), report
+        portable_bw = bandwidth(tensors)
+        print(f"cuda, PORTABLE only: H2D {portable_bw / 1e9:.1f} GB/s")
+        assert portable_bw >= 0.9 * pinned_bw
+        try:  # without DEVICEMAP the driver may or may not map it (UVA): either way, cleanly
+            mapped = vn.device_pointer(ranges[0][0]) == ranges[0][0]
+        except vn.VikingNativeError as error:
+            mapped = str(error)
+        print(f"cuda, PORTABLE only: device pointer -> {mapped}")
+        assert runtime_last_error() == 0
+        assert vn.release_all() == 4 * gib
+    finally:
+        vn.configure(cuda_devicemap=True)

@@ -27,9 +27,13 @@ def model(megabytes):
     return torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(4)])
 
 
-def pin(owner, module, priority=0):
+def pin(owner, module, priority=0, backend="os-lock"):
     ranges, foreign = cpu_storage_ranges(module_tensors(module))
-    return json.loads(vn.reconcile(owner, ranges, priority=priority, backend="os-lock", label=f"model {owner}", foreign=foreign))
+    return json.loads(vn.reconcile(owner, ranges, priority=priority, backend=backend, label=f"model {owner}", foreign=foreign))
+
+
+BACKENDS = ["os-lock", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU on this machine: the CUDA backend's release runs on the GPU machine"))]
 
 
 @pytest.fixture
@@ -65,10 +69,15 @@ def test_lost_device_pins_nothing_and_raises_nothing(clean):
     assert json.loads(vn.status_json())["registrations"] == 0
 
 
-def test_memory_pressure_releases_the_lowest_priority_first(clean):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_memory_pressure_releases_the_lowest_priority_first(clean, backend):
+    """The monitor thread releases pins on its own (with CUDA: after letting in-flight copies
+    finish), so the GPU case also checks that no CUDA error is left for PyTorch."""
+    if backend == "cuda":
+        torch.cuda.init()
     low, high = model(512), model(128)
-    pin(1, low, priority=0)
-    pin(2, high, priority=5)
+    pin(1, low, priority=0, backend=backend)
+    pin(2, high, priority=5, backend=backend)
     available = json.loads(vn.status_json())["memory"]["available_ram"]
     # Headroom just under what is free now; a helper process then takes 256 MB more: a shortfall
     # of ~192 MB, which the low-priority model's 512 MB cover with room for noise.
@@ -91,6 +100,10 @@ def test_memory_pressure_releases_the_lowest_priority_first(clean):
         assert owners()[2] > 120 * MIB  # the high-priority model kept its pins
         events = json.loads(vn.status_json())["events"]
         assert any("memory pressure: released" in e and "model 1" in e for e in events), events
+        if backend == "cuda":
+            assert not any(p.is_pinned() for p in low.parameters()) and all(p.is_pinned() for p in high.parameters())
+            assert (next(high.parameters()).to("cuda", non_blocking=True).sum() + 1).item() is not None
+            torch.cuda.synchronize()
     finally:
         helper.kill()
         helper.wait()
