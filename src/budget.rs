@@ -8,9 +8,14 @@
 //!   others (ComfyUI's own pinning) already hold;
 //! - `headroom`: RAM that must stay un-pinned for everything else: usable RAM - headroom - others;
 //! - `pressure`: only when available RAM has already fallen below the headroom: what we hold,
-//!   less the shortfall, so releasing pins gives the machine its headroom back;
+//!   less the shortfall, so the OS may page out that much of our weights;
 //! - `commit` (Windows): the same when the commit charge left (RAM + pagefile) is below the
 //!   headroom: new allocations there fail outright, and locked pages cannot be trimmed to help.
+//!
+//! Unpinning frees no RAM by itself (the weights stay where they are; the OS may now page them
+//! out), so available RAM does not rise when we release. Pins already given back during this
+//! spell of pressure therefore count against the shortfall, or every later look would find the
+//! same shortfall and release again, until nothing is pinned.
 
 use serde::Serialize;
 
@@ -63,6 +68,9 @@ pub struct MemorySnapshot {
     /// The memory limit of the container (cgroup) we run in, if it is below `total_ram`.
     pub container_limit: Option<u64>,
     pub pinned_by_us: u64,
+    /// Pins we released because of pressure since the pressure began (they cover that much of
+    /// the shortfall already; see the module comment).
+    pub given_back_under_pressure: u64,
     /// Pinned by others in this process (ComfyUI's own `cudaHostRegister` calls).
     pub pinned_by_others: u64,
     /// Windows: the commit limit (RAM + pagefiles) and what is left of it.
@@ -184,6 +192,13 @@ pub struct Budget {
     pub reason: String,
 }
 
+impl Budget {
+    /// Available RAM (or commit charge) is below the headroom now.
+    pub fn under_pressure(&self) -> bool {
+        self.terms.iter().any(|(term, _)| matches!(term, Term::Pressure | Term::Commit))
+    }
+}
+
 /// Bytes for people: GiB from 1 GiB up, MiB below.
 pub fn gib(bytes: u64) -> String {
     if bytes >= GIB {
@@ -209,10 +224,11 @@ pub fn compute(snapshot: &MemorySnapshot, policy: &Policy) -> Budget {
     terms.push((Term::Headroom, usable.saturating_sub(headroom).saturating_sub(others)));
     if snapshot.available_ram < headroom {
         let shortfall = headroom - snapshot.available_ram;
-        terms.push((Term::Pressure, snapshot.pinned_by_us.saturating_sub(shortfall)));
+        terms.push((Term::Pressure, snapshot.pinned_by_us.saturating_sub(shortfall.saturating_sub(snapshot.given_back_under_pressure))));
     }
     if let Some(commit_available) = snapshot.commit_available.filter(|&left| left < headroom) {
-        terms.push((Term::Commit, snapshot.pinned_by_us.saturating_sub(headroom - commit_available)));
+        let shortfall = headroom - commit_available;
+        terms.push((Term::Commit, snapshot.pinned_by_us.saturating_sub(shortfall.saturating_sub(snapshot.given_back_under_pressure))));
     }
 
     // The first smallest term wins; `terms` always holds OsCap and Headroom.
@@ -262,6 +278,7 @@ mod tests {
             swap_used: 0,
             container_limit: None,
             pinned_by_us: 0,
+            given_back_under_pressure: 0,
             pinned_by_others: 0,
             commit_limit: None,
             commit_available: None,
@@ -330,6 +347,23 @@ mod tests {
     }
 
     #[test]
+    fn pins_given_back_under_pressure_cover_the_shortfall() {
+        let mut snapshot = machine(32, 1);
+        snapshot.pinned_by_us = 8 * GIB;
+        let policy = Policy::from_user(0.0, 0.0, 3.0).unwrap();
+        // 2 GiB short; 1.5 GiB given back already: half a GiB more, not 2 GiB again.
+        snapshot.given_back_under_pressure = 3 * GIB / 2;
+        let budget = compute(&snapshot, &policy);
+        assert!(budget.under_pressure());
+        assert_eq!((budget.bound_by, budget.excess_bytes), (Term::Pressure, GIB / 2));
+        // Given back as much as the shortfall: nothing more to release, and no room to pin.
+        snapshot.given_back_under_pressure = 2 * GIB;
+        let budget = compute(&snapshot, &policy);
+        assert_eq!((budget.excess_bytes, budget.room_bytes), (0, 0));
+        assert!(!compute(&machine(32, 20), &policy).under_pressure());
+    }
+
+    #[test]
     fn share_of_ram() {
         let policy = Policy::from_user(0.0, 0.25, 0.0).unwrap();
         let budget = compute(&machine(64, 60), &policy);
@@ -366,11 +400,11 @@ mod tests {
         fn budget_never_exceeds_any_term_nor_usable_ram(
             total in 1u64..(1 << 42), avail_frac in 0.0f64..1.0, us in 0u64..(1 << 40), others in 0u64..(1 << 40),
             container in proptest::option::of(1u64..(1 << 42)), budget_gib in 0.0f64..4096.0, headroom_gib in -1.0f64..64.0,
-            windows in any::<bool>(),
+            windows in any::<bool>(), given_back in 0u64..(1 << 40),
         ) {
             let snapshot = MemorySnapshot {
                 total_ram: total, available_ram: (total as f64 * avail_frac) as u64, swap_total: 0, swap_used: 0,
-                container_limit: container, pinned_by_us: us, pinned_by_others: others,
+                container_limit: container, pinned_by_us: us, given_back_under_pressure: given_back, pinned_by_others: others,
                 commit_limit: None, commit_available: if windows { Some(total / 3) } else { None },
                 os: if windows { Os::Windows } else { Os::Linux },
             };

@@ -80,6 +80,8 @@ pub struct State {
     pub counters: Counters,
     pub events: Vec<String>,
     pub foreign_bytes: u64,
+    /// Pins released because of memory pressure since it began; 0 when there is none.
+    pub given_back_under_pressure: u64,
     /// (pswpin, pswpout) when the engine started, and at the last marked status.
     pub swaps_at_start: Option<(u64, u64)>,
     pub swaps_at_last_run: Option<(u64, u64)>,
@@ -115,6 +117,21 @@ impl State {
         self.cuda.is_some()
     }
 
+    /// The machine now, with what this engine holds and has given back.
+    pub fn snapshot(&self) -> MemorySnapshot {
+        memory_snapshot(self.ledger.total_bytes(), self.foreign_bytes, self.given_back_under_pressure)
+    }
+
+    /// The machine and the budget now; forgets what was given back once the pressure is over.
+    fn budget(&mut self) -> (MemorySnapshot, Budget) {
+        let snapshot = self.snapshot();
+        let budget = budget::compute(&snapshot, &self.policy);
+        if !budget.under_pressure() {
+            self.given_back_under_pressure = 0;
+        }
+        (snapshot, budget)
+    }
+
     /// Drops entries (unpins them, then frees their memory references) and counts them.
     fn release(&mut self, entries: Vec<Entry>) -> u64 {
         let bytes = entries.iter().map(Entry::len).sum();
@@ -131,7 +148,7 @@ pub struct Engine {
 }
 
 /// The memory figures of this machine now, with our own and others' pinned bytes.
-pub fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64) -> MemorySnapshot {
+fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64, given_back_under_pressure: u64) -> MemorySnapshot {
     let mut system = sysinfo::System::new();
     system.refresh_memory();
     let total_ram = system.total_memory();
@@ -145,6 +162,7 @@ pub fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64) -> MemorySnapsh
         swap_used: system.used_swap(),
         container_limit: container.map(|c| c.limit),
         pinned_by_us,
+        given_back_under_pressure,
         pinned_by_others,
         commit_limit: commit.map(|c| c.0),
         commit_available: commit.map(|c| c.1),
@@ -169,6 +187,7 @@ impl Engine {
                 counters: Counters::default(),
                 events: Vec::new(),
                 foreign_bytes: 0,
+                given_back_under_pressure: 0,
                 swaps_at_start: sys::os::swap_counters(),
                 swaps_at_last_run: sys::os::swap_counters(),
                 cuda_devicemap: true,
@@ -199,10 +218,10 @@ impl Engine {
     pub fn relieve_pressure(&self) -> u64 {
         let mut state = self.lock();
         if state.ledger.total_bytes() == 0 {
+            state.given_back_under_pressure = 0;
             return 0;
         }
-        let snapshot = memory_snapshot(state.ledger.total_bytes(), state.foreign_bytes);
-        let budget = budget::compute(&snapshot, &state.policy);
+        let (snapshot, budget) = state.budget();
         if budget.excess_bytes == 0 {
             return 0;
         }
@@ -219,6 +238,7 @@ impl Engine {
             *by_owner.entry(entry.owner).or_default() += entry.len();
         }
         let released = state.release(taken);
+        state.given_back_under_pressure += released;
         for (owner, bytes) in by_owner {
             let label = state.owners.get(&owner).map(|r| r.label.clone()).unwrap_or_default();
             state.event(format!(
@@ -317,7 +337,7 @@ impl Engine {
         // 2. The budget, and room made by pressure or by lower-priority owners.
         let foreign_bytes = request.others_pinned_bytes.max(request.foreign.iter().map(|(_, l)| l).sum());
         state.foreign_bytes = foreign_bytes;
-        let mut budget = budget::compute(&memory_snapshot(state.ledger.total_bytes(), foreign_bytes), &state.policy);
+        let (_, mut budget) = state.budget();
         let mut evicted: BTreeMap<u64, u64> = BTreeMap::new();
         if budget.excess_bytes > 0 {
             // Over budget already (pressure, or a lowered limit): give back the lowest first.
@@ -325,7 +345,11 @@ impl Engine {
             for entry in &taken {
                 *evicted.entry(entry.owner).or_default() += entry.len();
             }
-            released_bytes += state.release(taken);
+            let given_back = state.release(taken);
+            if budget.under_pressure() {
+                state.given_back_under_pressure += given_back;
+            }
+            released_bytes += given_back;
         }
         let wanted_bytes = union_bytes(&wanted);
         let owner_pinned = state.ledger.owner_bytes(owner);

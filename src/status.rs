@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::backend::cuda::DeviceInfo;
 use crate::backend;
 use crate::budget::{self, Budget, MemorySnapshot, Policy};
-use crate::engine::{memory_snapshot, Counters, Engine};
+use crate::engine::{Counters, Engine};
 use crate::plan::{SkipReason, Skipped};
 use crate::sys;
 
@@ -175,7 +175,7 @@ impl Engine {
         }
 
         let pinned_bytes = state.ledger.total_bytes();
-        let memory = memory_snapshot(pinned_bytes, state.foreign_bytes);
+        let memory = state.snapshot();
         let swaps_now = sys::os::swap_counters();
         let page = sys::os::page_size();
         let delta = |then: Option<(u64, u64)>, pick: fn((u64, u64)) -> u64| -> Option<u64> {
