@@ -88,11 +88,12 @@ pub enum CgroupVersion {
 }
 
 impl CgroupVersion {
-    /// The limit, usage and stat file names of this version.
-    pub fn files(self) -> (&'static str, &'static str, &'static str) {
+    /// The limit files (the tightest binds: v2's memory.high throttles the cgroup with reclaim,
+    /// which pinned pages cannot answer), the usage file and the stat file of this version.
+    pub fn files(self) -> (&'static [&'static str], &'static str, &'static str) {
         match self {
-            CgroupVersion::V1 => ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat"),
-            CgroupVersion::V2 => ("memory.max", "memory.current", "memory.stat"),
+            CgroupVersion::V1 => (&["memory.limit_in_bytes"], "memory.usage_in_bytes", "memory.stat"),
+            CgroupVersion::V2 => (&["memory.max", "memory.high"], "memory.current", "memory.stat"),
         }
     }
 }

@@ -237,7 +237,7 @@ pub fn cgroup_levels() -> Vec<crate::cgroup::Level> {
         CgroupVersion::V2 if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => "/sys/fs/cgroup",
         CgroupVersion::V2 => "/sys/fs/cgroup/unified",
     };
-    let (limit_file, usage_file, stat_file) = version.files();
+    let (limit_files, usage_file, stat_file) = version.files();
     let read = |dir: &std::path::Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
     cgroup::ancestors(&path)
         .iter()
@@ -245,7 +245,7 @@ pub fn cgroup_levels() -> Vec<crate::cgroup::Level> {
             let dir = std::path::Path::new(mount).join(relative);
             let usage = read(&dir, usage_file)?.trim().parse().ok()?;
             Some(Level {
-                limit: read(&dir, limit_file).as_deref().and_then(cgroup::parse_limit),
+                limit: limit_files.iter().filter_map(|f| read(&dir, f).as_deref().and_then(cgroup::parse_limit)).min(),
                 usage,
                 reclaimable_file: read(&dir, stat_file).as_deref().map(cgroup::reclaimable_file).unwrap_or(0),
             })
