@@ -20,33 +20,37 @@ def _foreign_origin(request) -> bool:
     return origin.split("://", 1)[-1].rstrip("/") != request.host
 
 
-async def _json_body(request):
+def _json_error(error_class, message: str):
+    return error_class(text=json.dumps({"error": message}), content_type="application/json")
+
+
+def _guard(request, action: str):
+    """Raises the error response for a request from another origin, or without the native
+    module."""
+    if _foreign_origin(request):
+        raise _json_error(web.HTTPForbidden, f"requests from another origin may not {action} Viking's state")
+    if native is None:
+        raise _json_error(web.HTTPServiceUnavailable, INSTALL_HINT)
+
+
+async def _change_request(request) -> dict:
+    """The JSON object of a request that changes Viking's state, once it passed the guard."""
+    _guard(request, "change")
     if request.content_type != "application/json":
-        raise web.HTTPBadRequest(text=json.dumps({"error": "send a JSON body with Content-Type: application/json"}), content_type="application/json")
+        raise _json_error(web.HTTPBadRequest, "send a JSON body with Content-Type: application/json")
     try:
         body = await request.json()
     except ValueError:
-        raise web.HTTPBadRequest(text=json.dumps({"error": "the body is not valid JSON"}), content_type="application/json")
+        raise _json_error(web.HTTPBadRequest, "the body is not valid JSON")
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text=json.dumps({"error": "the body must be a JSON object"}), content_type="application/json")
+        raise _json_error(web.HTTPBadRequest, "the body must be a JSON object")
     return body
-
-
-def _refused(request, action: str):
-    """The error response for a request from another origin, or without the native module."""
-    if _foreign_origin(request):
-        return web.json_response({"error": f"requests from another origin may not {action} Viking's state"}, status=403)
-    if native is None:
-        return web.json_response({"error": INSTALL_HINT}, status=503)
-    return None
 
 
 @PromptServer.instance.routes.get("/viking/status")
 async def viking_status(request):
     """The status JSON (what the status node shows), plus its text form under "text"."""
-    refused = _refused(request, "read")
-    if refused:
-        return refused
+    _guard(request, "read")
     status = lifecycle.annotate(json.loads(native.status_json(probe_cuda=request.query.get("probe_cuda") == "1")))
     status["text"] = status_text(status)
     return web.json_response(status)
@@ -55,10 +59,7 @@ async def viking_status(request):
 @PromptServer.instance.routes.post("/viking/unpin")
 async def viking_unpin(request):
     """{"owner": <id from the status>} releases one model's pins; {"all": true} every pin."""
-    refused = _refused(request, "change")
-    if refused:
-        return refused
-    body = await _json_body(request)
+    body = await _change_request(request)
     if body.get("all") is True:
         return web.json_response({"released_bytes": lifecycle.unpin(None)})
     owner = body.get("owner")
@@ -77,10 +78,7 @@ async def viking_engine_get(request):
 @PromptServer.instance.routes.post("/viking/engine")
 async def viking_engine_set(request):
     """{"enabled": true|false}: engine mode on or off (the settings dialog calls this)."""
-    refused = _refused(request, "change")
-    if refused:
-        return refused
-    body = await _json_body(request)
+    body = await _change_request(request)
     if engine_mode.ENV in os.environ:
         return web.json_response({"engine_mode": engine_mode.enabled(), "error": f"engine mode is fixed by {engine_mode.ENV} for this server"}, status=409)
     if not isinstance(body.get("enabled"), bool):
