@@ -286,12 +286,14 @@ def annotate(status: dict) -> dict:
     return status
 
 
-def vram_usage(owner: int) -> tuple[int, int] | None:
-    """(VRAM cap in bytes or 0, bytes of the model's weights in VRAM now), while it lives."""
+def vram_usage(owner: int) -> tuple[int, int | None] | None:
+    """(VRAM cap in bytes or 0, bytes of the model's weights in VRAM now), while it lives. The
+    bytes are None when the model runs on the CPU: "loaded" there means loaded into RAM."""
     patcher = _patchers[owner]() if owner in _patchers else None
     if patcher is None:
         return None
-    return _vram_caps.get(owner, 0), int(patcher.loaded_size())
+    on_cpu = getattr(getattr(patcher, "load_device", None), "type", "cpu") == "cpu"
+    return _vram_caps.get(owner, 0), None if on_cpu else int(patcher.loaded_size())
 
 
 def attach(patcher, settings: PinSettings) -> dict | None:

@@ -89,6 +89,8 @@ def test_example_workflow_pins_samples_and_is_bit_identical(server, checkpoint, 
     for owner in labels.values():
         assert owner["pinned_bytes"] > 0.95 * owner["wanted_bytes"] > 0, owner
         assert owner["by_backend"] == {"os-lock": owner["pinned_bytes"]}
+        assert owner["vram_bytes"] is None, owner  # a CPU server: nothing is in VRAM
+    assert "in VRAM" not in state["text"], state["text"]
     assert state["pinned_bytes"] > 300e6  # the synthetic SD1.5: ~0.6 GB in RAM once loaded
     # The kernel agrees: the server process holds at least that much locked memory.
     assert locked_bytes(server.pid) - before >= state["pinned_bytes"]
