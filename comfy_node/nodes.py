@@ -76,14 +76,23 @@ def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float,
     except require().BackendUnavailableError as error:
         lifecycle.unpin(patcher)
         raise RuntimeError(f"{error}. Choose backend 'auto' or 'os-lock' on this machine.") from error
-    return Result((output,), _pin_text(report, notes))
+    return Result((output,), _pin_text(report, notes, int(float(budget_gib) * 2**30)))
 
 
-def _pin_text(report: dict, notes: list[str]) -> str:
+def _pin_text(report: dict, notes: list[str], node_budget_bytes: int = 0) -> str:
     if report.get("standing_aside"):
         return report["standing_aside"]
+    budget = report["budget"]
+    # Which limit binds only matters when something was left unpinned for it: this node's
+    # budget_gib, or the shared budget.
+    if not any(s["reason"] == "over_budget" for s in report["skipped"]):
+        budget_note = f"budget room left {human(budget['room_bytes'])}"
+    elif node_budget_bytes and report["pinned_bytes"] + (1 << 20) >= node_budget_bytes:
+        budget_note = f"limited by this node's budget_gib: {human(node_budget_bytes)}"
+    else:
+        budget_note = budget["reason"]
     lines = [f"Pinned {human(report['pinned_bytes'])} of {human(report['wanted_bytes'])} in RAM "
-             f"({report['backend']}); {report['budget']['reason']}"]
+             f"({report['backend']}); {budget_note}"]
     lines += [f"skipped {human(s['bytes'])}: {s['description']}" for s in report["skipped"]]
     lines += [f"released {human(b)} of a lower-priority model to make room" for _, b in report["evicted"]]
     lines += [f"failed: {f}" for f in report["failures"]]

@@ -333,6 +333,11 @@ impl Engine {
         wanted.sort();
         let stale = state.ledger.take_where(|e| e.owner == owner && !covered_by(&wanted, e.addr(), e.end()));
         let mut released_bytes = state.release(stale);
+        // A per-model budget lowered since the last call: give back what is now beyond it.
+        if let Some(cap) = request.owner_cap_bytes {
+            let beyond = state.ledger.take_owner_beyond(owner, cap);
+            released_bytes += state.release(beyond);
+        }
 
         // 2. The budget, and room made by pressure or by lower-priority owners.
         let foreign_bytes = request.others_pinned_bytes.max(request.foreign.iter().map(|(_, l)| l).sum());
@@ -600,6 +605,25 @@ mod tests {
         assert_eq!(engine.release_owner(1), 8 * MIB as u64);
         assert!(locked_kib() <= before + 8); // back where it was (a page of slack)
         assert_eq!(engine.release_all(), 0);
+    }
+
+    #[test]
+    fn a_lowered_model_budget_gives_back_what_is_beyond_it() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let engine = Engine::new();
+        engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+        let buffers: Vec<(u64, Keepalive)> = (0..4).map(|_| buffer(4 * MIB)).collect();
+        let ranges: Vec<(u64, u64, Keepalive)> = buffers.iter().map(|(a, k)| (*a, 4 * MIB as u64, k.clone())).collect();
+        let all = engine.reconcile(request(1, 0, ranges.clone())).unwrap();
+        assert_eq!(all.pinned_bytes, 16 * MIB as u64);
+        // The same model, now with 6 MiB of its own budget: never more than 6 MiB pinned.
+        let capped = engine.reconcile(Request { owner_cap_bytes: Some(6 * MIB as u64), ..request(1, 0, ranges.clone()) }).unwrap();
+        assert_eq!(capped.pinned_bytes, 6 * MIB as u64, "{capped:?}");
+        assert_eq!(capped.skipped.iter().find(|s| s.reason == "over_budget").map(|s| s.bytes), Some(10 * MIB as u64));
+        // Again: stable, nothing churns.
+        let again = engine.reconcile(Request { owner_cap_bytes: Some(6 * MIB as u64), ..request(1, 0, ranges.clone()) }).unwrap();
+        assert_eq!((again.pinned_bytes, again.newly_pinned_bytes, again.released_bytes), (6 * MIB as u64, 0, 0));
+        engine.release_all();
     }
 
     #[test]

@@ -103,6 +103,26 @@ impl Ledger {
 
     /// Takes entries, lowest priority first (then the most recent address), until at least
     /// `bytes` are taken or only entries of `keep_from_priority` and above are left.
+    /// Takes `owner`'s entries from the highest address down until it holds at most
+    /// `keep_bytes` (a lowered per-model budget). Whole entries: it may end below `keep_bytes`;
+    /// the next plan fills up to it again.
+    pub fn take_owner_beyond(&mut self, owner: u64, keep_bytes: u64) -> Vec<Entry> {
+        let mut held = self.owner_bytes(owner);
+        let mut addrs: Vec<u64> = self.entries.values().filter(|e| e.owner == owner).map(Entry::addr).collect();
+        addrs.sort_unstable_by(|a, b| b.cmp(a));
+        let mut taken = Vec::new();
+        for addr in addrs {
+            if held <= keep_bytes {
+                break;
+            }
+            if let Some(entry) = self.entries.remove(&addr) {
+                held -= entry.len();
+                taken.push(entry);
+            }
+        }
+        taken
+    }
+
     pub fn take_lowest(&mut self, bytes: u64, keep_from_priority: i32) -> Vec<Entry> {
         let mut candidates: Vec<(i32, u64, u64)> = self
             .entries

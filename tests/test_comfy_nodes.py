@@ -139,6 +139,25 @@ def test_two_pin_nodes_on_one_model_share_the_pins(server):
     assert model["priority"] == 3
 
 
+def test_the_node_text_names_the_limit_that_left_weights_unpinned(server):
+    api = api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info())
+    model_pin = next(k for k, v in api.items() if v["class_type"] == "VikingPinModel")
+    clip_pin = next(k for k, v in api.items() if v["class_type"] == "VikingPinCLIP")
+    api[model_pin]["inputs"]["budget_gib"] = 0.05  # 51.2 MiB of the ~98 MiB model
+    api[clip_pin]["inputs"]["priority"] = 1  # a changed input: ComfyUI runs the node again
+    entry = server.run_prompt(api)
+    model_text, clip_text = (entry["outputs"][k]["text"][0] for k in (model_pin, clip_pin))
+    assert "limited by this node's budget_gib: 51.2 MiB" in model_text and "over budget" in model_text, model_text
+    assert "budget room left" in clip_text and "limited by" not in clip_text, clip_text
+    model = next(o for o in status(server)["owners"] if o["label"].startswith("MODEL"))
+    assert 40 << 20 < model["pinned_bytes"] <= 0.05 * 2**30 < model["wanted_bytes"], model
+    # Back to no limit of its own: the whole model pins again.
+    api[model_pin]["inputs"]["budget_gib"], api[clip_pin]["inputs"]["priority"] = 0.0, 0
+    server.run_prompt(api)
+    model = next(o for o in status(server)["owners"] if o["label"].startswith("MODEL"))
+    assert model["pinned_bytes"] > 0.95 * model["wanted_bytes"], model
+
+
 def test_unpin_and_cache_drop_release_every_locked_byte(server):
     api = api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info())
     server.run_prompt(api)
