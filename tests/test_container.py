@@ -1,6 +1,6 @@
 """A real memory cgroup with a limit (what Docker, Kubernetes or a systemd MemoryMax= gives
 ComfyUI): Viking reads the limit of its own cgroup, counts the cgroup's clean page cache as
-available, and pins within the limit. Needs a writable cgroup tree (root on Linux); skipped
+available, pins within the limit, and gives pins back when the cgroup itself runs short. Needs a writable cgroup tree (root on Linux); skipped
 with the reason elsewhere."""
 
 import json
@@ -14,10 +14,12 @@ import pytest
 
 GIB = 1 << 30
 LIMIT = 3 * GIB
+GROW = 5 * GIB // 4  # leaves ~1.1 GiB of the cgroup: below its 1.5 GiB headroom
 
-# Runs inside the cgroup: 1.5 GiB of clean page cache charged to it, then the status and a pin.
+# Runs inside the cgroup: 1.5 GiB of clean page cache charged to it, then the status and a pin;
+# then it takes argv[2] bytes more of the cgroup's memory.
 CHILD = textwrap.dedent("""
-    import json, os, sys, torch
+    import json, os, sys, time, torch
     import viking_native as vn
     from comfy_node.weights import cpu_storage_ranges, module_tensors
     path = sys.argv[1]
@@ -36,6 +38,13 @@ CHILD = textwrap.dedent("""
     report = json.loads(vn.reconcile(1, ranges, backend="os-lock", label="model", foreign=foreign))
     budget = json.loads(vn.status_json())["budget"]
     print(json.dumps(dict(memory=memory, report=report, budget=budget)), flush=True)
+    # Then this process grows inside the cgroup until less than the headroom is left of it.
+    grown = bytearray(int(sys.argv[2]))
+    for i in range(0, len(grown), 4096):
+        grown[i] = 1
+    time.sleep(2.0)  # four rounds of the pressure monitor
+    status = json.loads(vn.status_json())
+    print(json.dumps(dict(pinned_bytes=status["pinned_bytes"], memory=status["memory"], events=status["events"])), flush=True)
 """)
 
 
@@ -78,11 +87,11 @@ def limited_cgroup():
 def test_pins_within_the_limit_of_its_own_cgroup(limited_cgroup, tmp_path):
     procs = limited_cgroup / "cgroup.procs"
     child = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path / "checkpoint.bin")],
+        [sys.executable, "-c", CHILD, str(tmp_path / "checkpoint.bin"), str(GROW)],
         preexec_fn=lambda: procs.write_text(str(os.getpid())),  # join the cgroup before exec
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert child.returncode == 0, child.stderr[-3000:]
-    result = json.loads(child.stdout.strip().splitlines()[-1])
+    result, after_growth = (json.loads(line) for line in child.stdout.strip().splitlines()[-2:])
     memory, report, budget = result["memory"], result["report"], result["budget"]
     print(f"\ncgroup limit {LIMIT / GIB:.1f} GiB: available {memory['available_ram'] / GIB:.2f} GiB with 1.5 GiB of page cache; budget {budget['limit_bytes'] / GIB:.2f} GiB ({budget['reason']})")
     assert memory["container_limit"] == LIMIT, memory
@@ -93,3 +102,11 @@ def test_pins_within_the_limit_of_its_own_cgroup(limited_cgroup, tmp_path):
     assert budget["headroom_bytes"] == LIMIT // 2 and budget["limit_bytes"] <= LIMIT - LIMIT // 2, budget
     assert report["pinned_bytes"] == report["wanted_bytes"] == 256 << 20, report
     assert not any(term == "pressure" for term, _ in budget["terms"]), budget
+
+    # Pressure inside the container (the machine itself has plenty free): the monitor sees it
+    # through the cgroup and gives the pins back, so the kernel can reclaim within the limit.
+    assert after_growth["memory"]["available_ram"] < LIMIT // 2, after_growth["memory"]
+    print(f"after growing by {GROW / GIB:.2f} GiB: {after_growth['memory']['available_ram'] / GIB:.2f} GiB available, "
+          f"{after_growth['pinned_bytes']} bytes pinned")
+    assert after_growth["pinned_bytes"] == 0, after_growth
+    assert any("memory pressure: released" in e for e in after_growth["events"]), after_growth["events"]
