@@ -40,6 +40,9 @@ def status_text(status: dict) -> str:
             lines.append(f"    {report['standing_aside']}")
     lines.append(f"RAM: {human(memory['available_ram'])} available of {human(memory['total_ram'])}"
                  + (f" (container limit {human(memory['container_limit'])})" if memory.get("container_limit") else ""))
+    if memory.get("given_back_under_pressure"):
+        lines.append(f"Memory pressure: {human(memory['given_back_under_pressure'])} of pins given back so the OS may page "
+                     "those weights out; the next run pins them again once RAM is free")
     paging = status["paging"]
     swap_line = f"Swap: {human(paging['swap_used'])} used of {human(paging['swap_total'])}"
     if paging.get("process_swapped_bytes") is not None:

@@ -107,6 +107,10 @@ def test_memory_pressure_releases_the_lowest_priority_first(clean, backend):
         assert owners()[2] == high_bytes, events  # the high-priority model kept all its pins
         assert any("memory pressure: released" in e and "model 1" in e for e in events), events
         assert not any("memory pressure" in e and "model 2" in e for e in events), events
+        from comfy_node.report import human, status_text
+        given_back = json.loads(vn.status_json())["memory"]["given_back_under_pressure"]
+        assert given_back == low_bytes - owners().get(1, 0), given_back
+        assert f"Memory pressure: {human(given_back)} of pins given back" in status_text(json.loads(vn.status_json()))
         if backend == "cuda":
             assert not all(p.is_pinned() for p in low.parameters()) and all(p.is_pinned() for p in high.parameters())
             assert (next(high.parameters()).to("cuda", non_blocking=True).sum() + 1).item() is not None
