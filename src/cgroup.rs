@@ -98,12 +98,34 @@ impl CgroupVersion {
     }
 }
 
-/// The cgroup directories to read, relative to the controller's mount, from our own up to the
-/// root ("a/b", "a", ""). Inside a container the mount may show only the container's own
-/// subtree; the caller skips the directories that do not exist.
-pub fn ancestors(path: &str) -> Vec<String> {
-    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    (0..=parts.len()).rev().map(|n| parts[..n].join("/")).collect()
+/// Where the hierarchy of `version` is mounted, from /proc/self/mountinfo: (the mount point,
+/// the hierarchy path the mount shows as its root). Inside a container the root is often the
+/// container's own cgroup ("/docker/abc"), not the hierarchy's root.
+pub fn mount_of(mountinfo: &str, version: CgroupVersion) -> Option<(String, String)> {
+    mountinfo.lines().find_map(|line| {
+        // "id parent major:minor root mount-point options [optional...] - fstype source super-options"
+        let (left, right) = line.split_once(" - ")?;
+        let left: Vec<&str> = left.split(' ').collect();
+        let right: Vec<&str> = right.split(' ').collect();
+        let (root, mount_point, fstype) = (*left.get(3)?, *left.get(4)?, *right.first()?);
+        let wanted = match version {
+            CgroupVersion::V1 => fstype == "cgroup" && right.get(2)?.split(',').any(|o| o == "memory"),
+            CgroupVersion::V2 => fstype == "cgroup2",
+        };
+        wanted.then(|| (mount_point.to_string(), root.to_string()))
+    })
+}
+
+/// The cgroup directories to read, relative to the mount, from our own cgroup up to the mount's
+/// root ("a/b", "a", ""). `path` is ours as /proc/self/cgroup gives it; `mount_root` is the part
+/// of the hierarchy the mount shows (see `mount_of`). Levels above the mount cannot be read.
+pub fn ancestors(path: &str, mount_root: &str) -> Vec<String> {
+    let parts = |p: &str| p.split('/').filter(|s| !s.is_empty()).map(str::to_string).collect::<Vec<_>>();
+    let (mut ours, root) = (parts(path), parts(mount_root));
+    if ours.starts_with(&root) {
+        ours.drain(..root.len());
+    }
+    (0..=ours.len()).rev().map(|n| ours[..n].join("/")).collect()
 }
 
 #[cfg(test)]
@@ -166,8 +188,24 @@ mod tests {
     }
 
     #[test]
-    fn ancestors_run_from_our_cgroup_to_the_root() {
-        assert_eq!(ancestors("/a/b"), vec!["a/b", "a", ""]);
-        assert_eq!(ancestors("/"), vec![""]);
+    fn ancestors_run_from_our_cgroup_to_the_mount_root() {
+        assert_eq!(ancestors("/a/b", "/"), vec!["a/b", "a", ""]);
+        assert_eq!(ancestors("/", "/"), vec![""]);
+        // A container whose mount shows only its own cgroup.
+        assert_eq!(ancestors("/docker/abc", "/docker/abc"), vec![""]);
+        assert_eq!(ancestors("/docker/abc/worker", "/docker/abc"), vec!["worker", ""]);
+        // A path outside the mount's root (cgroup namespaces): read from the mount root down.
+        assert_eq!(ancestors("/x", "/docker/abc"), vec!["x", ""]);
+    }
+
+    #[test]
+    fn finds_the_cgroup_mounts() {
+        let mountinfo = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n\
+            33 31 0:30 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct\n\
+            35 31 0:32 /docker/abc /sys/fs/cgroup/memory rw,relatime shared:11 - cgroup cgroup rw,memory\n\
+            40 23 0:40 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(mount_of(mountinfo, CgroupVersion::V1), Some(("/sys/fs/cgroup/memory".into(), "/docker/abc".into())));
+        assert_eq!(mount_of(mountinfo, CgroupVersion::V2), Some(("/sys/fs/cgroup/unified".into(), "/".into())));
+        assert_eq!(mount_of("", CgroupVersion::V2), None);
     }
 }

@@ -224,7 +224,7 @@ pub fn self_status_bytes(field: &str) -> Option<u64> {
 /// Every level of our memory cgroup that has a usage file, from our own cgroup up to the root
 /// of the mount (see `cgroup.rs`); empty where there are no cgroups (not Linux).
 pub fn cgroup_levels() -> Vec<crate::cgroup::Level> {
-    use crate::cgroup::{self, CgroupVersion, Level};
+    use crate::cgroup::{self, Level};
     if !cfg!(target_os = "linux") {
         return Vec::new();
     }
@@ -232,17 +232,16 @@ pub fn cgroup_levels() -> Vec<crate::cgroup::Level> {
     else {
         return Vec::new();
     };
-    let mount = match version {
-        CgroupVersion::V1 => "/sys/fs/cgroup/memory",
-        CgroupVersion::V2 if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => "/sys/fs/cgroup",
-        CgroupVersion::V2 => "/sys/fs/cgroup/unified",
+    let Some((mount, mount_root)) = std::fs::read_to_string("/proc/self/mountinfo").ok().and_then(|m| cgroup::mount_of(&m, version))
+    else {
+        return Vec::new();
     };
     let (limit_files, usage_file, stat_file) = version.files();
     let read = |dir: &std::path::Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
-    cgroup::ancestors(&path)
+    cgroup::ancestors(&path, &mount_root)
         .iter()
         .filter_map(|relative| {
-            let dir = std::path::Path::new(mount).join(relative);
+            let dir = std::path::Path::new(&mount).join(relative);
             let usage = read(&dir, usage_file)?.trim().parse().ok()?;
             Some(Level {
                 limit: limit_files.iter().filter_map(|f| read(&dir, f).as_deref().and_then(cgroup::parse_limit)).min(),
