@@ -46,7 +46,13 @@ app.registerExtension({
       const memory = status.memory;
       const paging = status.paging;
       row(panel, "viking-title", `Viking Engine ${status.version}: ${human(status.pinned_bytes)} pinned`);
-      row(panel, "viking-ram", `RAM ${human(memory.total_ram - memory.available_ram)} used, ${human(memory.available_ram)} available`);
+      // In a container the limit is the RAM there is (available is measured against it too).
+      const ram = memory.container_limit ?? memory.total_ram;
+      row(panel, "viking-ram", `RAM ${human(ram - memory.available_ram)} used, ${human(memory.available_ram)} available`
+        + (memory.container_limit ? ` (container limit ${human(memory.container_limit)})` : ""));
+      if (memory.given_back_under_pressure) {
+        row(panel, "viking-pressure", `Memory pressure: ${human(memory.given_back_under_pressure)} of pins given back`);
+      }
       const now = performance.now();
       let rate = "";
       if (previous && paging.swapped_in_since_start != null) {
