@@ -134,8 +134,7 @@ def reconcile(patcher) -> dict | None:
         return None
     native = require()
     if _is_dynamic(patcher) or dynamic_vram_enabled():
-        home.drop(owner)
-        prefetch.drop(owner)
+        _drop_streaming(owner)
         native.release(owner)
         report = {"owner": owner, "pinned_bytes": 0, "wanted_bytes": 0, "standing_aside": "ComfyUI dynamic VRAM mode pins these weights itself (read-only file mappings): Viking leaves them alone"}
         _last_reports[owner] = report
@@ -145,7 +144,7 @@ def reconcile(patcher) -> dict | None:
     else:
         home.drop(owner)
     report = _reconcile_ranges(native, patcher, settings)
-    if home.held_bytes(owner) and _short_of_room(report):
+    if home.held_bytes(owner) and skipped_for(report, "over_budget", "failed"):
         # All or nothing: a model whose home does not fit gets ComfyUI's ordinary unload.
         home.drop_held(owner, "no pinned home: the budget has no room for a RAM copy of the weights in VRAM; "
                               "they unload the ordinary way")
@@ -176,15 +175,25 @@ def _reconcile_ranges(native, patcher, settings: PinSettings) -> dict:
     ))
 
 
-def _short_of_room(report: dict) -> bool:
-    return any(skip["reason"] in ("over_budget", "failed") for skip in report["skipped"])
+def skipped_for(report: dict, *reasons: str) -> bool:
+    """Some of the model's weights were left unpinned for one of `reasons` (e.g. over_budget)."""
+    return any(skip["reason"] in reasons for skip in report["skipped"])
+
+
+def _runs_on_gpu(patcher) -> bool:
+    return getattr(getattr(patcher, "load_device", None), "type", "cpu") != "cpu"
 
 
 def _home_useful(patcher) -> bool:
     """A home only saves work when weights move between a GPU and RAM (not in --cpu or
     --gpu-only mode)."""
-    load, offload = getattr(patcher, "load_device", None), getattr(patcher, "offload_device", None)
-    return getattr(offload, "type", None) == "cpu" and getattr(load, "type", "cpu") != "cpu"
+    return getattr(getattr(patcher, "offload_device", None), "type", None) == "cpu" and _runs_on_gpu(patcher)
+
+
+def _drop_streaming(owner: int):
+    """Drops the model's pinned home and prefetch (before its pins go)."""
+    home.drop(owner)
+    prefetch.drop(owner)
 
 
 def _wait_for_copies():
@@ -292,8 +301,7 @@ def vram_usage(owner: int) -> tuple[int, int | None] | None:
     patcher = _patchers[owner]() if owner in _patchers else None
     if patcher is None:
         return None
-    on_cpu = getattr(getattr(patcher, "load_device", None), "type", "cpu") == "cpu"
-    return _vram_caps.get(owner, 0), None if on_cpu else int(patcher.loaded_size())
+    return _vram_caps.get(owner, 0), int(patcher.loaded_size()) if _runs_on_gpu(patcher) else None
 
 
 def attach(patcher, settings: PinSettings) -> dict | None:
@@ -327,8 +335,7 @@ def _forget(owner: int):
     _patchers.pop(owner, None)
     _last_reports.pop(owner, None)
     _finalizers.pop(owner, None)
-    home.drop(owner)
-    prefetch.drop(owner)
+    _drop_streaming(owner)
     try:
         require().release(owner)
     except Exception as error:  # noqa: BLE001 - runs from a finalizer: must not raise
@@ -343,8 +350,7 @@ def unpin(patcher=None) -> int:
     _unpin_count += 1
     _wait_for_copies()
     for owner in list(_settings):
-        home.drop(owner)
-        prefetch.drop(owner)
+        _drop_streaming(owner)
     _settings.clear()
     _last_reports.clear()
     return require().release_all()
@@ -357,6 +363,5 @@ def unpin_owner(owner: int) -> int:
     _wait_for_copies()
     _settings.pop(owner, None)
     _last_reports.pop(owner, None)
-    home.drop(owner)
-    prefetch.drop(owner)
+    _drop_streaming(owner)
     return require().release(owner)

@@ -85,7 +85,7 @@ def _pin_text(report: dict, notes: list[str], node_budget_bytes: int = 0) -> str
     budget = report["budget"]
     # Which limit binds only matters when something was left unpinned for it: this node's
     # budget_gib, or the shared budget.
-    if not any(s["reason"] == "over_budget" for s in report["skipped"]):
+    if not lifecycle.skipped_for(report, "over_budget"):
         budget_note = f"budget room left {human(budget['room_bytes'])}"
     elif node_budget_bytes and report["pinned_bytes"] + (1 << 20) >= node_budget_bytes:
         budget_note = f"limited by this node's budget_gib: {human(node_budget_bytes)}"

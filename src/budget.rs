@@ -222,13 +222,13 @@ pub fn compute(snapshot: &MemorySnapshot, policy: &Policy) -> Budget {
     let os_cap = (usable as f64 * snapshot.os.pin_share_cap()) as u64;
     terms.push((Term::OsCap, os_cap.saturating_sub(others)));
     terms.push((Term::Headroom, usable.saturating_sub(headroom).saturating_sub(others)));
+    // What we hold less the part of a shortfall not yet covered by pins given back.
+    let hold_less = |shortfall: u64| snapshot.pinned_by_us.saturating_sub(shortfall.saturating_sub(snapshot.given_back_under_pressure));
     if snapshot.available_ram < headroom {
-        let shortfall = headroom - snapshot.available_ram;
-        terms.push((Term::Pressure, snapshot.pinned_by_us.saturating_sub(shortfall.saturating_sub(snapshot.given_back_under_pressure))));
+        terms.push((Term::Pressure, hold_less(headroom - snapshot.available_ram)));
     }
     if let Some(commit_available) = snapshot.commit_available.filter(|&left| left < headroom) {
-        let shortfall = headroom - commit_available;
-        terms.push((Term::Commit, snapshot.pinned_by_us.saturating_sub(shortfall.saturating_sub(snapshot.given_back_under_pressure))));
+        terms.push((Term::Commit, hold_less(headroom - commit_available)));
     }
 
     // The first smallest term wins; `terms` always holds OsCap and Headroom.

@@ -30,14 +30,17 @@ pub struct Container {
 /// The binding container among `levels`, or `None` when no level limits us below `total_ram`.
 /// Every level with a limit constrains us, so the smallest limit and the smallest room win.
 pub fn container(levels: &[Level], total_ram: u64) -> Option<Container> {
-    let limited = levels.iter().filter_map(|level| Some((level.limit.filter(|&l| l < total_ram)?, level)));
-    limited.fold(None, |tightest: Option<Container>, (limit, level)| {
-        let in_use = level.usage.saturating_sub(level.reclaimable_file);
-        let here = Container { limit, available: limit.saturating_sub(in_use) };
-        Some(match tightest {
-            None => here,
-            Some(t) => Container { limit: t.limit.min(here.limit), available: t.available.min(here.available) },
+    let limited: Vec<Container> = levels
+        .iter()
+        .filter_map(|level| {
+            let limit = level.limit.filter(|&limit| limit < total_ram)?;
+            let in_use = level.usage.saturating_sub(level.reclaimable_file);
+            Some(Container { limit, available: limit.saturating_sub(in_use) })
         })
+        .collect();
+    Some(Container {
+        limit: limited.iter().map(|c| c.limit).min()?,
+        available: limited.iter().map(|c| c.available).min()?,
     })
 }
 

@@ -132,6 +132,16 @@ impl State {
         (snapshot, budget)
     }
 
+    /// Releases entries taken to bring the pins under `budget`; under pressure they count as
+    /// given back (see budget.rs). Returns the bytes.
+    fn give_back(&mut self, entries: Vec<Entry>, budget: &Budget) -> u64 {
+        let bytes = self.release(entries);
+        if budget.under_pressure() {
+            self.given_back_under_pressure += bytes;
+        }
+        bytes
+    }
+
     /// Drops entries (unpins them, then frees their memory references) and counts them.
     fn release(&mut self, entries: Vec<Entry>) -> u64 {
         let bytes = entries.iter().map(Entry::len).sum();
@@ -237,8 +247,7 @@ impl Engine {
         for entry in &taken {
             *by_owner.entry(entry.owner).or_default() += entry.len();
         }
-        let released = state.release(taken);
-        state.given_back_under_pressure += released;
+        let released = state.give_back(taken, &budget);
         for (owner, bytes) in by_owner {
             let label = state.owners.get(&owner).map(|r| r.label.clone()).unwrap_or_default();
             state.event(format!(
@@ -350,11 +359,7 @@ impl Engine {
             for entry in &taken {
                 *evicted.entry(entry.owner).or_default() += entry.len();
             }
-            let given_back = state.release(taken);
-            if budget.under_pressure() {
-                state.given_back_under_pressure += given_back;
-            }
-            released_bytes += given_back;
+            released_bytes += state.give_back(taken, &budget);
         }
         let wanted_bytes = union_bytes(&wanted);
         let owner_pinned = state.ledger.owner_bytes(owner);

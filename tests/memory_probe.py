@@ -12,3 +12,9 @@ def status_kib(field: str, pid: str | int = "self") -> int:
 
 def locked_bytes(pid: str | int = "self") -> int:
     return status_kib("VmLck", pid) * 1024
+
+
+def mem_available() -> int:
+    """The kernel's MemAvailable (/proc/meminfo), in bytes."""
+    with open("/proc/meminfo") as meminfo:
+        return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))

@@ -3,7 +3,6 @@ the way a user installs a node: the folder copied into custom_nodes/, `pip insta
 ComfyUI's Python. Locked bytes are read from the server process itself (/proc/PID/status)."""
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np

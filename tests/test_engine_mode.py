@@ -3,7 +3,6 @@ is pinned (locked bytes seen in the server process), released when ComfyUI drops
 image is the same as without Viking."""
 
 import json
-import time
 import urllib.error
 import urllib.request
 

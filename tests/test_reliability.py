@@ -18,7 +18,7 @@ import viking_native as vn
 from comfy_node.weights import cpu_storage_ranges, module_tensors
 from comfy_server import (COMFY_DIR, REPO_ROOT, ComfyError, ComfyServer, api_prompt_from_ui_workflow,
                           cached_checkpoint, prepare_base_dir, wait_for)
-from memory_probe import locked_bytes
+from memory_probe import locked_bytes, mem_available
 
 MIB = 1 << 20
 
@@ -118,11 +118,6 @@ def test_memory_pressure_releases_the_lowest_priority_first(clean, backend):
     finally:
         helper.kill()
         helper.wait()
-
-
-def mem_available():
-    with open("/proc/meminfo") as meminfo:
-        return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo and cgroups: Linux only")

@@ -221,32 +221,41 @@ pub fn self_status_bytes(field: &str) -> Option<u64> {
     text.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map(|kib| kib * 1024)
 }
 
+/// Where our memory cgroup's levels lie: their directories, from our own cgroup up to the root
+/// of the mount, and the version. Found once: a process does not change cgroups under us, and
+/// the pressure monitor asks twice a second.
+fn cgroup_location() -> Option<&'static (crate::cgroup::CgroupVersion, Vec<std::path::PathBuf>)> {
+    use crate::cgroup;
+    static LOCATION: std::sync::OnceLock<Option<(cgroup::CgroupVersion, Vec<std::path::PathBuf>)>> = std::sync::OnceLock::new();
+    LOCATION
+        .get_or_init(|| {
+            if !cfg!(target_os = "linux") {
+                return None;
+            }
+            let (version, path) = cgroup::memory_cgroup_path(&std::fs::read_to_string("/proc/self/cgroup").ok()?)?;
+            let (mount, mount_root) = cgroup::mount_of(&std::fs::read_to_string("/proc/self/mountinfo").ok()?, version)?;
+            let dirs = cgroup::ancestors(&path, &mount_root).iter().map(|relative| std::path::Path::new(&mount).join(relative)).collect();
+            Some((version, dirs))
+        })
+        .as_ref()
+}
+
 /// Every level of our memory cgroup that has a usage file, from our own cgroup up to the root
 /// of the mount (see `cgroup.rs`); empty where there are no cgroups (not Linux).
 pub fn cgroup_levels() -> Vec<crate::cgroup::Level> {
     use crate::cgroup::{self, Level};
-    if !cfg!(target_os = "linux") {
-        return Vec::new();
-    }
-    let Some((version, path)) = std::fs::read_to_string("/proc/self/cgroup").ok().as_deref().and_then(cgroup::memory_cgroup_path)
-    else {
-        return Vec::new();
-    };
-    let Some((mount, mount_root)) = std::fs::read_to_string("/proc/self/mountinfo").ok().and_then(|m| cgroup::mount_of(&m, version))
-    else {
+    let Some((version, dirs)) = cgroup_location() else {
         return Vec::new();
     };
     let (limit_files, usage_file, stat_file) = version.files();
     let read = |dir: &std::path::Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
-    cgroup::ancestors(&path, &mount_root)
-        .iter()
-        .filter_map(|relative| {
-            let dir = std::path::Path::new(&mount).join(relative);
-            let usage = read(&dir, usage_file)?.trim().parse().ok()?;
+    dirs.iter()
+        .filter_map(|dir| {
+            let usage = read(dir, usage_file)?.trim().parse().ok()?;
             Some(Level {
-                limit: limit_files.iter().filter_map(|f| read(&dir, f).as_deref().and_then(cgroup::parse_limit)).min(),
+                limit: limit_files.iter().filter_map(|f| read(dir, f).as_deref().and_then(cgroup::parse_limit)).min(),
                 usage,
-                reclaimable_file: read(&dir, stat_file).as_deref().map(cgroup::reclaimable_file).unwrap_or(0),
+                reclaimable_file: read(dir, stat_file).as_deref().map(cgroup::reclaimable_file).unwrap_or(0),
             })
         })
         .collect()
