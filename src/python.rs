@@ -172,6 +172,7 @@ fn start_pressure_monitor() {
 #[pymodule]
 fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("__source_hash__", env!("VIKING_SOURCE_HASH"))?;
     m.add("VikingNativeError", m.py().get_type::<VikingNativeError>())?;
     m.add("BackendUnavailableError", m.py().get_type::<BackendUnavailableError>())?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
