@@ -1,12 +1,18 @@
-"""Run a real ComfyUI server (the copy made by scripts/setup_env.sh) for end-to-end tests.
+"""Run a real ComfyUI server (the copies made by scripts/setup_env.sh) for end-to-end tests.
 
 No pytest in here, so scripts and benchmarks can use it too:
 
     from comfy_server import prepare_base_dir, ComfyServer, txt2img_prompt
     base = prepare_base_dir("/tmp/run1", custom_nodes={"viking_engine": REPO_ROOT})
-    with ComfyServer(base) as srv:
+    with ComfyServer(base) as srv:                  # ComfyUI 0.3.75; version="0.33" for 0.33
         entry = srv.run_prompt(txt2img_prompt())
         print(srv.output_files(entry))
+
+Two ComfyUI installs, each a tree and the Python that runs it (COMFY_INSTALLS):
+    "0.3.75"  .comfy/ComfyUI       run by .venv/bin/python (3.11)       the default
+    "0.33"    .comfy/ComfyUI-0.33  run by .comfy/venv-0.33/bin/python (3.12)
+`comfy_unavailable(version)` says why one is not there (None when it is); in-process scripts
+(bench/comfy_*.py) get the tree and the interpreter from `comfy_install(version)`.
 
 The server only ever listens on 127.0.0.1 and is always stopped when the `with` block ends.
 """
@@ -14,6 +20,7 @@ import atexit
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-COMFY_DIR = REPO_ROOT / ".comfy" / "ComfyUI"
+COMFY_DIR = REPO_ROOT / ".comfy" / "ComfyUI"                # ComfyUI 0.3.75 (the default)
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 CACHE_DIR = REPO_ROOT / ".comfy" / "cache"
 CKPT_NAME = "synthetic_sd15.safetensors"
@@ -33,6 +40,53 @@ CKPT_NAME = "synthetic_sd15.safetensors"
 # What never goes into an installed custom node folder (a user's copy has none of these).
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", ".comfy", "target", "__pycache__", "*.pyc",
                                      ".pytest_cache", "*.egg-info", "dist", "build")
+
+
+# ---- the ComfyUI installs ------------------------------------------------------------------------
+class ComfyInstall:
+    """One ComfyUI made by scripts/setup_env.sh: its tree and the Python that runs it."""
+
+    def __init__(self, version, tree, python, setup_step, unavailable_file=None):
+        self.version, self.tree, self.python = version, Path(tree), Path(python)
+        self.setup_step = setup_step              # the setup_env.sh command that makes it
+        self.unavailable_file = unavailable_file  # where setup_env.sh wrote why it could not
+
+    def unavailable(self):
+        """Why this install cannot run a server, or None when it can."""
+        if self.unavailable_file and self.unavailable_file.exists():
+            why = self.unavailable_file.read_text().strip()
+            return f"ComfyUI {self.version} was not prepared: {why}"
+        if not (self.tree / "main.py").exists():
+            return f"no ComfyUI {self.version} tree at {self.tree}: run {self.setup_step}"
+        if not self.python.exists():
+            return f"no Python for ComfyUI {self.version} at {self.python}: run {self.setup_step}"
+        if not any(self.python.parent.parent.glob(".setup-stamp-*")):
+            return f"ComfyUI {self.version}'s packages are not (fully) installed in {self.python.parent.parent}: run {self.setup_step}"
+        return None
+
+    def __repr__(self):
+        return f"ComfyInstall({self.version!r}, tree={str(self.tree)!r}, python={str(self.python)!r})"
+
+
+DEFAULT_COMFY = "0.3.75"
+COMFY_INSTALLS = {
+    "0.3.75": ComfyInstall("0.3.75", COMFY_DIR, VENV_PYTHON, "scripts/setup_env.sh"),
+    "0.33": ComfyInstall("0.33", REPO_ROOT / ".comfy" / "ComfyUI-0.33", REPO_ROOT / ".comfy" / "venv-0.33" / "bin" / "python",
+                         "scripts/setup_env.sh (or: scripts/setup_env.sh comfy033)",
+                         unavailable_file=REPO_ROOT / ".comfy" / "ComfyUI-0.33.unavailable"),
+}
+
+
+def comfy_install(version=DEFAULT_COMFY):
+    try:
+        return COMFY_INSTALLS[version]
+    except KeyError:
+        raise ValueError(f"unknown ComfyUI version {version!r}: one of {', '.join(COMFY_INSTALLS)}") from None
+
+
+def comfy_unavailable(version=DEFAULT_COMFY):
+    """Why ComfyUI `version` cannot run here (a sentence for a skip), or None when it can."""
+    return comfy_install(version).unavailable()
 
 
 # ---- base directory ------------------------------------------------------------------------------
@@ -106,20 +160,27 @@ def free_port():
 
 
 class ComfyServer:
-    """`python main.py --cpu ...` in COMFY_DIR as a context manager.
+    """`python main.py --cpu ...` of one ComfyUI install as a context manager.
 
-    extra_args: more command-line flags (e.g. ["--disable-pinned-memory"]); cpu=False drops --cpu
-    (for a GPU machine). env: extra environment variables. The log goes to <base>/comfy-<port>.log.
+    version: which of COMFY_INSTALLS ("0.3.75", the default, or "0.33"); comfy_dir / python
+    override its tree / interpreter. extra_args: more command-line flags (e.g.
+    ["--disable-pinned-memory"]); cpu=False drops --cpu (for a GPU machine). env: extra
+    environment variables. The log goes to <base>/comfy-<port>.log.
     """
 
-    def __init__(self, base_dir, extra_args=(), *, cpu=True, port=None, env=None,
-                 start_timeout=180, comfy_dir=COMFY_DIR, python=VENV_PYTHON):
+    def __init__(self, base_dir, extra_args=(), *, version=DEFAULT_COMFY, cpu=True, port=None, env=None,
+                 start_timeout=180, comfy_dir=None, python=None):
+        self.install = comfy_install(version)
+        self.version = version
+        comfy_dir = comfy_dir or self.install.tree
+        python = python or self.install.python
         self.base_dir = Path(base_dir).resolve()
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.base_dir / f"comfy-{self.port}.log"
         # The default database lives inside the ComfyUI tree (user/comfyui.db, a folder that does
-        # not exist there) and fails to open; an in-memory one keeps runs independent and quiet.
+        # not exist there) and fails to open; an in-memory one keeps runs independent and quiet
+        # (0.3.75 and 0.33 both take the flag).
         self.cmd = [str(python), "main.py", "--listen", "127.0.0.1", "--port", str(self.port),
                     "--disable-auto-launch", "--base-directory", str(self.base_dir),
                     "--database-url", "sqlite:///:memory:"] + (["--cpu"] if cpu else []) + list(extra_args)
@@ -144,7 +205,12 @@ class ComfyServer:
 
     def start(self):
         if not (self.comfy_dir / "main.py").exists():
-            raise ComfyError(f"no ComfyUI at {self.comfy_dir}: run scripts/setup_env.sh")
+            raise ComfyError(f"no ComfyUI {self.version} at {self.comfy_dir}: run {self.install.setup_step}")
+        if not Path(self.cmd[0]).exists():
+            raise ComfyError(f"no Python for ComfyUI {self.version} at {self.cmd[0]}: run {self.install.setup_step}")
+        # Both versions need custom_nodes/ in the base directory: 0.3.75 crashes in its prestartup
+        # scan without it, 0.33 exits.
+        (self.base_dir / "custom_nodes").mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         self._log = open(self.log_path, "wb")
         # Own session: stop() can signal the server without touching the test process.
@@ -185,7 +251,8 @@ class ComfyServer:
 
     # -- log
     def log_text(self):
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        """The server's log so far, without the colour codes 0.33 puts around its level tags."""
+        return _ANSI.sub("", self.log_path.read_text(errors="replace")) if self.log_path.exists() else ""
 
     def log_tail(self, lines=40):
         return "\n".join(self.log_text().splitlines()[-lines:])
@@ -257,6 +324,9 @@ class ComfyServer:
                 root = {"output": "output", "temp": "temp", "input": "input"}[img.get("type", "output")]
                 files.append(self.base_dir / root / img.get("subfolder", "") / img["filename"])
         return files
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _error_text(status):

@@ -1,5 +1,6 @@
 """Shared test setup: the repository root (for `comfy_node`) and tests/ (for the harness
-modules) on sys.path, since the tests are imported by path (see pyproject's pytest options)."""
+modules) on sys.path, since the tests are imported by path (see pyproject's pytest options);
+the `comfy_version` fixture that runs a test once per ComfyUI version (comfy_server.COMFY_INSTALLS)."""
 
 import os
 import sys
@@ -9,3 +10,31 @@ ROOT = os.path.dirname(TESTS)
 for path in (ROOT, TESTS):
     if path not in sys.path:
         sys.path.insert(0, path)
+
+import pytest  # noqa: E402
+
+from comfy_server import COMFY_INSTALLS, comfy_install, comfy_unavailable  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=list(COMFY_INSTALLS), ids=list(COMFY_INSTALLS))
+def comfy_version(request):
+    """Each ComfyUI version in turn ("0.3.75", "0.33"); a version that is not installed skips
+    with the reason (scripts/setup_env.sh prepares both). Module-scoped, so a module's server
+    fixture can take it and start one server per version:
+
+        @pytest.fixture(scope="module")
+        def server(comfy_version, tmp_path_factory):
+            with ComfyServer(prepare_base_dir(...), version=comfy_version) as srv:
+                yield srv
+    """
+    reason = comfy_unavailable(request.param)
+    if reason:
+        pytest.skip(reason)
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def comfy_env(comfy_version):
+    """The ComfyInstall of `comfy_version`: .tree and .python, for scripts run in-process
+    (bench/comfy_*.py take the tree as their first argument and run under .python)."""
+    return comfy_install(comfy_version)
