@@ -1,9 +1,13 @@
-"""The main job: a real ComfyUI (0.3.75, CPU unless --gpu) with Viking Engine installed as a
-custom node, the example workflow run on a small synthetic checkpoint, and Viking's status
-printed. Then the server keeps serving (open the URL; the workflow is under Templates) until
-Ctrl-C, or stops at once with --once.
+"""The main job: a real ComfyUI (0.3.75 unless --comfy 0.33; CPU unless --gpu) with Viking Engine
+installed as a custom node, the example workflow run on a small synthetic checkpoint, and
+Viking's status printed. Then the server keeps serving (open the URL; the workflow is under
+Templates) until Ctrl-C, or stops at once with --once.
 
-usage: python scripts/run_comfy.py [--once] [--gpu] [--port N]"""
+usage: python scripts/run_comfy.py [--comfy 0.3.75|0.33] [--once] [--gpu] [--port N]
+
+--comfy picks the ComfyUI install (tests/comfy_server.py's COMFY_INSTALLS, both made by
+scripts/setup_env.sh): 0.3.75 (the default, run by .venv) or 0.33 (run by .comfy/venv-0.33).
+Any python can run this script: the server runs under that install's own Python."""
 
 import json
 import sys
@@ -12,15 +16,33 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from comfy_server import ComfyServer, api_prompt_from_ui_workflow, cached_checkpoint, prepare_base_dir  # noqa: E402
+from comfy_server import (COMFY_INSTALLS, DEFAULT_COMFY, ComfyServer, api_prompt_from_ui_workflow,  # noqa: E402
+                          cached_checkpoint, comfy_unavailable, prepare_base_dir)
+
+
+def option(name, default):
+    """The value of `--name VALUE` or `--name=VALUE` on the command line, else `default`."""
+    for i, arg in enumerate(sys.argv[1:], 1):
+        if arg == name and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return default
+
 
 once, gpu = "--once" in sys.argv, "--gpu" in sys.argv
-port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 8188
+port = int(option("--port", 8188))
+version = option("--comfy", DEFAULT_COMFY)
+if version not in COMFY_INSTALLS:
+    sys.exit(f"[viking] --comfy {version}: no such ComfyUI install; one of {', '.join(COMFY_INSTALLS)}")
+if comfy_unavailable(version):
+    sys.exit(f"[viking] cannot run ComfyUI {version}: {comfy_unavailable(version)}")
 
-print("[viking] preparing the synthetic checkpoint and the ComfyUI base directory", flush=True)
-base = prepare_base_dir(REPO / ".comfy" / "demo", checkpoint=cached_checkpoint(), custom_nodes={"viking_engine": REPO})
-with ComfyServer(base, cpu=not gpu, port=port) as server:
-    print(f"[viking] ComfyUI is up at {server.url} (pid {server.pid}, log {server.log_path})", flush=True)
+print(f"[viking] preparing the synthetic checkpoint and the ComfyUI {version} base directory", flush=True)
+demo = REPO / ".comfy" / ("demo" if version == DEFAULT_COMFY else f"demo-{version}")
+base = prepare_base_dir(demo, checkpoint=cached_checkpoint(), custom_nodes={"viking_engine": REPO})
+with ComfyServer(base, version=version, cpu=not gpu, port=port) as server:
+    print(f"[viking] ComfyUI {version} is up at {server.url} (pid {server.pid}, log {server.log_path})", flush=True)
     ui_workflow = json.loads((REPO / "workflows" / "viking_pin_checkpoint.json").read_text())
     entry = server.run_prompt(api_prompt_from_ui_workflow(ui_workflow, server.object_info()))
     for node_id, output in sorted(entry["outputs"].items()):
