@@ -209,7 +209,7 @@ setup_comfy033() {
     if [[ -n "${VIKING_SKIP_COMFY033:-}" ]]; then comfy033_unavailable "left out: VIKING_SKIP_COMFY033 is set"; return; fi
     tarball="$(comfy033_tarball)"
     if [[ -z "$tarball" ]]; then
-        comfy033_unavailable "no ComfyUI-0.33.0.tar.gz: looked for $REPO_ROOT/../shared/comfyui/ComfyUI-0.33.0.tar.gz (the repository's parent must hold shared/) and \$VIKING_COMFY033_TARBALL"
+        comfy033_unavailable "no ComfyUI-0.33.0.tar.gz: looked for $(dirname "$REPO_ROOT")/shared/comfyui/ComfyUI-0.33.0.tar.gz (the repository's parent must hold shared/) and \$VIKING_COMFY033_TARBALL"
         return
     fi
     py="$(python312)"
