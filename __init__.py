@@ -10,12 +10,14 @@ from .comfy_node.spec import v1_class, v3_class
 
 WEB_DIRECTORY = "./web"
 
-try:  # the HTTP routes and engine mode exist only inside a running ComfyUI server
+try:  # the HTTP routes, the gate's watcher and engine mode exist only inside a ComfyUI server
     from .comfy_node import routes as _routes  # noqa: F401
     from .comfy_node import engine_mode as _engine_mode
+    from .comfy_node import gate as _gate
 except ImportError:
-    _engine_mode = None
+    _engine_mode = _gate = None
 if _engine_mode is not None:
+    _gate.start()
     _engine_mode.start()
 
 import os as _os

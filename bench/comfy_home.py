@@ -91,12 +91,7 @@ def owner_status(patcher):
 # --- correctness -------------------------------------------------------------------------------
 
 def random_model(seed):
-    model, cfg = flux_model.build(1, tiny=cpu)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    return model, cfg
+    return flux_model.build(1, tiny=cpu, seed=seed)
 
 
 def lora_patches(model, seed):
@@ -146,7 +141,7 @@ def _run_sequence(viking: bool):
     for cycle in range(cycles):
         patcher.partially_load(device, 1e32)
         if home_loaded is None:
-            home_loaded = home.held_bytes(lifecycle.owner_of(patcher))
+            home_loaded = home.held_bytes(lifecycle.record_of(patcher))
         outputs.append(("full load", forward(patcher)))
         patcher.partially_unload(CPU, model_bytes // 2)
         outputs.append(("half unloaded", forward(patcher)))
@@ -164,7 +159,7 @@ def _run_sequence(viking: bool):
         status, entry = owner_status(patcher)
         flat.append(dict(cycle=cycle, rss_bytes=rss_bytes(), pinned_bytes=entry["pinned_bytes"] if entry else 0,
                          registrations=status["registrations"]))
-    report = lifecycle.last_report(lifecycle.owner_of(patcher)) if viking else None
+    report = lifecycle.record_of(patcher).last_report if viking else None
     del lora, patcher, model
     gc.collect()
     return dict(outputs=outputs, flat=flat, problems=problems, moved=moved_total, model_bytes=model_bytes, report=report,
@@ -200,6 +195,8 @@ if "correctness" in parts:
         lora_differs = not torch.equal(viking_run["outputs"][0][1], viking_run["outputs"][2][1])
         check("correctness", lora_differs, "the LoRA patch changes the output (the comparison can fail)")
         check("correctness", plain_run["moved"] > 0, "ComfyUI alone does copy the weights into new storages (the check can fail)")
+        check("correctness", all(flux_model.finite(o[1]) for o in viking_run["outputs"] + plain_run["outputs"]),
+              "every forward output is finite (random weights keep activations in range)")
     result["parts"]["correctness"] = part
     save()
 
@@ -211,12 +208,13 @@ def fallback_case(budget_gib, pinned_home):
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=CPU)
     model_bytes = sum(p.nbytes for p in model.parameters())
     options = settings("home fallback")
-    options.budget_gib, options.pinned_home = budget_gib(model_bytes), pinned_home
+    options.model_limit_gib, options.pinned_home = budget_gib(model_bytes), pinned_home
     lifecycle.attach(patcher, options)
     patcher.partially_load(device, 1e32)
     owner = lifecycle.owner_of(patcher)
-    report = lifecycle.last_report(owner)
-    status = lifecycle.annotate(json.loads(native.status_json()))
+    record = lifecycle.record_of(patcher)
+    report = record.last_report
+    status = lifecycle.status()
     entry = next(o for o in status["owners"] if o["owner"] == owner)
     try:
         patcher.detach()
@@ -224,7 +222,7 @@ def fallback_case(budget_gib, pinned_home):
     except NotImplementedError as error:  # the meta "GPU": ComfyUI's own copy back cannot read it
         unload = "ordinary copy back (attempted: " + str(error).split(";")[0] + ")"
     lifecycle.unpin(patcher)
-    return dict(held_bytes_loaded=home.held_bytes(owner), report_note=report.get("home_note"),
+    return dict(held_bytes_loaded=home.held_bytes(record), report_note=report.get("home_note"),
                 status_home_bytes=entry["home_bytes"], unload=unload, model_bytes=model_bytes)
 
 
@@ -242,8 +240,8 @@ if "fallback" in parts:
 
 # --- timing and alternating (GPU) --------------------------------------------------------------
 
-def big_model():
-    model, cfg = flux_model.build(depth, tiny=False)
+def big_model(seed=0):
+    model, cfg = flux_model.build(depth, tiny=False, seed=seed)
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=CPU), cfg
 
 
@@ -271,7 +269,7 @@ if "timing" in parts and not cpu:
         row = dict(mode=mode, unload_s=round(statistics.median(unloads), 4), reload_s=round(statistics.median(reloads), 4),
                    unload_all_s=[round(s, 4) for s in unloads], reload_all_s=[round(s, 4) for s in reloads],
                    reload_gbps=round(model_bytes / statistics.median(reloads) / 1e9, 1), rss_bytes=rss_bytes(),
-                   home_bytes=home.held_bytes(lifecycle.owner_of(patcher)), pinned_bytes=entry["pinned_bytes"] if entry else 0)
+                   home_bytes=home.held_bytes(lifecycle.record_of(patcher)), pinned_bytes=entry["pinned_bytes"] if entry else 0)
         rows.append(row)
         print(json.dumps(row), flush=True)
         mm.unload_all_models()
@@ -283,7 +281,7 @@ if "timing" in parts and not cpu:
     # (Each row was taken with the model loaded: its home held. Now unloaded: nothing held twice.)
     mm.unload_all_models()
     status, entry = owner_status(patcher)
-    check("timing", home.held_bytes(lifecycle.owner_of(patcher)) == 0 and entry["pinned_bytes"] >= model_bytes * 0.99,
+    check("timing", home.held_bytes(lifecycle.record_of(patcher)) == 0 and entry["pinned_bytes"] >= model_bytes * 0.99,
           "unloaded, the weights are at home: all pinned, no RAM held twice")
     save()
     lifecycle.unpin(patcher)
@@ -291,7 +289,7 @@ if "timing" in parts and not cpu:
     gc.collect()
 
 if "alternate" in parts and not cpu:
-    models = [big_model() for _ in range(2)]
+    models = [big_model(seed) for seed in range(2)]
     model_bytes = models[0][0].model_size()
     x, t, ctx, y, guide = flux_model.step_inputs(models[0][1], device, 128, 512)
     mm.unload_all_models()

@@ -67,7 +67,7 @@ def check(stage, ok, what):
 
 def model_ranges():
     """(ptr, nbytes) of the model's distinct storages in host RAM now."""
-    ranges, _ = cpu_storage_ranges(lifecycle.patcher_tensors(patcher))
+    ranges, _ = cpu_storage_ranges(lifecycle.host_weights(patcher))
     return [(ptr, nbytes) for ptr, nbytes, _ in ranges]
 
 

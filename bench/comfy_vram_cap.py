@@ -4,10 +4,17 @@ the forward pass must give the same bits as the uncapped one. On a GPU it also t
 at each cap, with Viking's pins and with ComfyUI's own pinning (same cap, no Viking pins),
 against the floor max(streamed bytes / link bandwidth, all-in-VRAM compute).
 
-Modes (--modes, comma-separated): comfy (the cap alone, no Viking pins: ComfyUI pins what it
-streams itself), viking (Viking's pins and prefetch, the default), viking_noprefetch (pins only),
-comfy_streams4 (ComfyUI alone with 4 offload streams, as its --async-offload 4 would give),
-viking@MIB (Viking with a prefetch window of MIB MiB instead of ComfyUI's streaming reserve).
+Modes (--modes, comma-separated): comfy (ComfyUI alone under the same cap on its weights, no
+Viking: the bench trims partially_load's offer the way Viking's cap does, and ComfyUI pins what
+it streams itself), comfy_same_peak (ComfyUI alone with the cap raised by the VRAM Viking's
+prefetch window took beyond ComfyUI's buffer at that cap, so both use the same VRAM; runs after
+the viking row of the cap), viking (Viking's pins and prefetch, the default), viking_noprefetch
+(pins only), comfy_streams4 (ComfyUI alone with 4 offload streams, as its --async-offload 4
+would give), viking@MIB (Viking with a prefetch window of MIB MiB).
+
+The floor is max(streamed bytes / link speed, all-in-VRAM step), the link speed the best of 5
+copies of 2 GiB from pinned memory measured in the same run. Step times are medians of --reps
+steps after two warm-up steps.
 
 usage: python bench/comfy_vram_cap.py COMFY_DIR OUT.json [--cpu] [--depth N] [--caps G,G,...] [--reps N]
        [--modes M,...] [--no-devicemap]
@@ -34,7 +41,7 @@ import torch  # noqa: E402
 import comfy.model_management as mm  # noqa: E402
 import comfy.model_patcher  # noqa: E402
 
-from comfy_node import lifecycle  # noqa: E402
+from comfy_node import lifecycle, prefetch, vram_cap  # noqa: E402
 from comfy_node.native import require  # noqa: E402
 
 native = require()
@@ -80,7 +87,7 @@ def link_gbps():
         dev.copy_(host, non_blocking=True)
         sync()
         best.append(host.nbytes / (time.perf_counter() - started) / 1e9)
-    return statistics.median(best)
+    return max(best)  # the link's speed: the best copy (a slow one is noise, not the link)
 
 
 limit = link_gbps()
@@ -96,9 +103,21 @@ rows = result["rows"]
 
 
 def save():
-    result["ok"] = all(r["under_cap"] and r["identical"] for r in rows)
+    result["ok"] = all(r["under_cap"] and r["identical"] and r.get("finite", True) for r in rows) and flux_model.finite(reference)
     with open(out_path, "w") as out:
         json.dump(result, out, indent=1)
+
+
+def comfy_alone_cap(cap_bytes):
+    """ComfyUI alone with a cap on its weights: the same trim of partially_load's offer as
+    Viking's cap, on this patcher instance, with no Viking record (nothing pinned by Viking)."""
+    method = type(patcher).partially_load
+
+    def partially_load(device_to, extra_memory=0, force_patch_weights=False):
+        allowed, _ = vram_cap.held_back(extra_memory, patcher.model.model_loaded_weight_memory, model_bytes, cap_bytes)
+        return method(patcher, device_to, allowed, force_patch_weights=force_patch_weights)
+
+    patcher.partially_load = partially_load
 
 
 def set_offload_streams(count):
@@ -114,15 +133,25 @@ if torch.cuda.is_available():
 for index, cap in enumerate(caps):
     # Every mode at each cap, the order rotating per cap, so none always runs on a warmer GPU.
     shift = index % len(modes)
-    for mode in modes[shift:] + modes[:shift]:
+    order = modes[shift:] + modes[:shift]
+    if "comfy_same_peak" in order:  # needs the viking row of this cap first
+        order = [m for m in order if m != "comfy_same_peak"] + ["comfy_same_peak"]
+    for mode in order:
+        vars(patcher).pop("partially_load", None)  # no cap wrapper from the mode before
+        cap_bytes = int(cap * GIB)
         if mode.startswith("viking"):
             window_mib = int(mode.split("@")[1]) if "@" in mode else 0
             lifecycle.attach(patcher, lifecycle.PinSettings(label="flux", backend="os-lock" if cpu else "cuda", headroom_gib=4.0,
-                                                            prefetch=mode != "viking_noprefetch", prefetch_window_mib=window_mib))
+                                                            prefetch=mode != "viking_noprefetch", prefetch_window_mib=window_mib,
+                                                            vram_cap_gib=cap))
         else:
             lifecycle.unpin(patcher)
-        set_offload_streams(4 if mode == "comfy_streams4" else default_streams)
-        lifecycle.set_vram_cap(patcher, cap)
+            viking_row = next((r for r in rows if r["mode"] == "viking" and r["cap_gib"] == cap and "error" not in r), None)
+            if mode == "comfy_same_peak":
+                if viking_row is None or not viking_row.get("prefetch"):
+                    continue
+                cap_bytes += viking_row["prefetch"]["extra_bytes"]
+            comfy_alone_cap(cap_bytes)
         mm.load_models_gpu([patcher])
         loaded = int(patcher.loaded_size())
         try:
@@ -135,12 +164,13 @@ for index, cap in enumerate(caps):
             continue
         streamed = model_bytes - loaded
         floor = max(streamed / (limit * 1e9), all_in_vram) if limit else None
-        from comfy_node import prefetch  # noqa: E402
-        row = dict(mode=mode, cap_gib=cap, loaded_bytes=loaded, streamed_bytes=streamed, under_cap=loaded <= cap * GIB,
-                   identical=bool(torch.equal(output, reference)), step_s=round(step, 4),
+        record = lifecycle.record_of(patcher)
+        row = dict(mode=mode, cap_gib=cap, weights_cap_bytes=cap_bytes, loaded_bytes=loaded, streamed_bytes=streamed,
+                   under_cap=loaded <= cap_bytes,
+                   identical=bool(torch.equal(output, reference)), finite=flux_model.finite(output), step_s=round(step, 4),
                    floor_s=round(floor, 4) if floor else None, over_floor=round(step / floor, 3) if floor else None,
                    viking_pinned_bytes=json.loads(native.status_json())["pinned_bytes"], comfy_pinned_bytes=int(mm.TOTAL_PINNED_MEMORY),
-                   prefetch=prefetch.summary(lifecycle.owner_of(patcher)),
+                   prefetch=prefetch.summary(record) if record is not None else None,
                    peak_vram_bytes=int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -150,6 +180,12 @@ for index, cap in enumerate(caps):
             torch.cuda.reset_peak_memory_stats()
 set_offload_streams(default_streams)
 lifecycle.unpin(patcher)
+vars(patcher).pop("partially_load", None)
+# After an unpin the cap is gone with the model's record: ComfyUI loads what it wants again.
+mm.load_models_gpu([patcher])
+result["after_unpin_loaded_bytes"] = int(patcher.loaded_size())
+result["after_unpin_cap_gone"] = bool(lifecycle.record_of(patcher) is None and (cpu or patcher.loaded_size() > min(caps) * GIB))
+mm.unload_all_models()
 save()
 print("ok" if result["ok"] else "FAIL")
 sys.exit(0 if result["ok"] else 1)

@@ -1,7 +1,7 @@
 """What the in-process ComfyUI benchmarks share: starting ComfyUI's modules in this process, the
 synthetic Flux-shaped diffusion model (built through ComfyUI's own model classes, so its model
-management treats it as a real Flux; bf16, cheap deterministic weights), the inputs of one
-step, and the check that no CUDA error was left behind."""
+management treats it as a real Flux; bf16, seeded random weights that differ per tensor), the
+inputs of one step, and the check that no CUDA error was left behind."""
 
 import os
 import sys
@@ -45,7 +45,7 @@ def cuda_error_left() -> int:
     return ctypes.CDLL(cudart).cudaGetLastError()
 
 
-def build(depth: int, tiny: bool):
+def build(depth: int, tiny: bool, seed: int = 0):
     """A Flux model of `depth` double blocks (2x single blocks); `tiny`: narrow, for CPU runs."""
     import torch
 
@@ -59,8 +59,26 @@ def build(depth: int, tiny: bool):
     config = comfy.supported_models.Flux(cfg)
     config.set_inference_dtype(torch.bfloat16, None)
     model = config.get_model({}, "")
-    # Cheap deterministic values (a random fill of 24 GB takes a minute), different per tensor.
+    fill_random(model, seed)
+    return model, cfg
+
+
+def fill_random(model, seed: int = 0):
+    """Seeded normal values, std 0.02, a different stream per tensor: a weight handed to the
+    wrong layer or read at a wrong offset changes the output. Filled on the GPU where there is
+    one (24 GB of CPU randn takes minutes) and copied back."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.no_grad():
         for index, p in enumerate(model.parameters()):
-            p.fill_(0.002 * ((index % 7) - 3))
-    return model, cfg
+            g = torch.Generator(device=device).manual_seed(seed * 100_003 + index)
+            values = torch.randn(p.shape, generator=g, device=device, dtype=torch.float32).mul_(0.02)
+            p.copy_(values.to(p.dtype))
+
+
+def finite(output) -> bool:
+    """No NaN or inf in a forward output (random weights must keep activations in range)."""
+    import torch
+
+    return bool(torch.isfinite(output).all())

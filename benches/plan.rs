@@ -4,8 +4,8 @@
 
 use std::time::Instant;
 
-use viking_engine::memmap::MemoryKind;
-use viking_engine::plan::{plan, HostRange, Pinned, Rules};
+use viking_engine::MemoryKind;
+use viking_engine::{plan, HostRange, Pinned, Rules};
 
 fn main() {
     let count = 10_000u64;

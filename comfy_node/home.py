@@ -9,13 +9,16 @@ weight at its home again: `.to(cpu)` then finds it already there and copies noth
 load reads from pinned memory at DMA speed.
 
 A home always holds the *unpatched* weight. LoRA and other weight patches go through
-`patcher.backup` (ComfyUI restores those keys itself; their originals are the homes) and hook
-patches through `patcher.hook_backup`: such keys are never redirected. A VRAM copy is only
-replaced by its home when it is the very tensor a load made from the home (same data pointer;
-same version counter where torch tracks one: not for inference tensors), and when the Viking
-patcher that loaded it confirmed, at ON_LOAD, that it carries no patch. Anything else takes
-ComfyUI's ordinary path.
-Where the redirect hooks in: see `watching`.
+`patcher.backup` (ComfyUI restores those keys itself; their originals are the homes): such keys
+are never redirected. A VRAM copy is only replaced by its home when it is the very tensor a
+load made from the home (same data pointer; same version counter where torch tracks one: not
+for inference tensors), and when the Viking patcher that loaded it confirmed, at ON_LOAD, that
+it carries no patch. Anything else takes ComfyUI's ordinary path. Hook patches (CreateHookLora,
+SetClipHooks, scheduled hooks) write weights in place per cond group and per step, with no
+version counter under inference mode, and 0.3.75's partially_unload restores them only for
+modules with a LoRA backup: a model with hook patches gets no home at all (lifecycle.py), and
+nothing is sent home while a patcher holds hook patches.
+Where the redirect hooks in: see `watching`. The Home lives in the model's record (models.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from __future__ import annotations
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain
+
+from . import comfy
 
 
 @dataclass
@@ -41,24 +45,15 @@ class Home:
         return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
 
 
-_homes: dict[int, Home] = {}  # owner -> its home
-
-
-def _named_weights(module, prefix=""):
-    return chain(module.named_parameters(prefix=prefix), module.named_buffers(prefix=prefix))
-
-
-def _patched_names(patcher) -> tuple[dict, dict]:
-    return getattr(patcher, "backup", {}) or {}, getattr(patcher, "hook_backup", {}) or {}
-
-
-def update(patcher, owner: int):
-    """Brings `owner`'s home up to date with where its weights are now. The home tensors of
+def update(patcher, record):
+    """Brings the record's home up to date with where its weights are now. The home tensors of
     weights in VRAM (`held`) are extra RAM, pinned along with the rest."""
-    home = _homes.setdefault(owner, Home())
-    backup, hook_backup = _patched_names(patcher)
+    if record.home is None:
+        record.home = Home()
+    home = record.home
+    backup, hook_backup = comfy.patch_backups(patcher), comfy.hook_patched_keys(patcher)
     held, seen, all_in_ram = [], set(), True
-    for name, weight in _named_weights(patcher.model):
+    for name, weight in comfy.named_weights(comfy.torch_model(patcher)):
         seen.add(name)
         all_in_ram = all_in_ram and weight.device.type == "cpu"
         if name in hook_backup:
@@ -71,8 +66,7 @@ def update(patcher, owner: int):
             continue
         stamp = _stamp(weight)
         pending = home.pending.pop(name, None)
-        patched_in_place = getattr(patcher, "weight_inplace_update", False) and name in getattr(patcher, "patches", {})
-        if pending == stamp and name not in backup and not patched_in_place:
+        if pending == stamp and name not in backup and not comfy.patched_in_place(patcher, name):
             home.stamps[name] = stamp  # loaded from its home, unpatched: confirmed
         if name in home.tensors and home.stamps.get(name) == stamp:
             held.append(home.tensors[name])
@@ -88,11 +82,6 @@ def update(patcher, owner: int):
         home.note = None  # the next load may get a home again
 
 
-def note(owner: int) -> str | None:
-    home = _homes.get(owner)
-    return home.note if home is not None else None
-
-
 def _stamp(weight) -> tuple:
     """What identifies one VRAM copy: its address and, where torch tracks it, its version
     counter (any in-place write bumps it; inference tensors have none)."""
@@ -103,28 +92,18 @@ def _stamp(weight) -> tuple:
     return weight.data_ptr(), version
 
 
-def held_tensors(owner: int) -> list:
-    home = _homes.get(owner)
-    return list(home.held) if home is not None else []
+def held_tensors(record) -> list:
+    return list(record.home.held) if record.home is not None else []
 
 
-def held_bytes(owner: int) -> int:
-    home = _homes.get(owner)
-    return home.held_bytes() if home is not None else 0
+def held_bytes(record) -> int:
+    return record.home.held_bytes() if record.home is not None else 0
 
 
-def has_home(owner: int) -> bool:
-    return owner in _homes
-
-
-def drop(owner: int):
-    _homes.pop(owner, None)
-
-
-def drop_held(owner: int, why: str):
+def drop_held(record, why: str):
     """Gives up the copies kept for weights in VRAM (the budget has no room for them); the
     model falls back to ComfyUI's ordinary unload."""
-    home = _homes.get(owner)
+    home = record.home
     if home is None:
         return
     home.note = why
@@ -140,7 +119,7 @@ def _point_at(model, name: str, weight, saved):
     in place where the tensor types allow, else a new Parameter / buffer in the module."""
     import torch
 
-    if torch._has_compatible_shallow_copy_type(weight, saved):
+    if comfy.compatible_for_data_swap(weight, saved):
         weight.data = saved
         return
     path, _, leaf = name.rpartition(".")
@@ -151,14 +130,15 @@ def _point_at(model, name: str, weight, saved):
         module._buffers[leaf] = saved
 
 
-def _send_home(module, home: Home, prefix: str, weights) -> int:
+def _send_home(module, home: Home, prefix: str, weights, hooked: set) -> int:
     """Points each VRAM weight of `weights` ((name in `module`, tensor)) back at its home when
     it is still the very tensor the load made, never written since. ComfyUI has restored its
-    patch backups before it moves weights back, so such a weight holds the unpatched value."""
+    patch backups before it moves weights back, so such a weight holds the unpatched value;
+    a hook-patched weight (`hooked`) may not be restored yet: it takes ComfyUI's path."""
     moved = 0
     for name, weight in weights:
         key = prefix + name
-        if weight.device.type == "cpu":
+        if weight.device.type == "cpu" or key in hooked:
             continue
         saved, stamp = home.tensors.get(key), home.stamps.get(key)
         if saved is None or stamp != _stamp(weight):
@@ -171,15 +151,8 @@ def _send_home(module, home: Home, prefix: str, weights) -> int:
     return moved
 
 
-def _target(args, kwargs):
-    """The device of a Module.to(...) call, or None (a dtype-only call)."""
-    import torch
-
-    return torch._C._nn._parse_to(*args, **kwargs)[0]
-
-
 @contextmanager
-def watching(model, owner: int):
+def watching(patcher, record):
     """For the duration of one ComfyUI call that moves weights (ModelPatcher.load,
     unpatch_model, partially_unload), the torch module `model` and each of its submodules that
     holds weights get an instance-level `to` that records VRAM copies made from a home and, when
@@ -188,11 +161,12 @@ def watching(model, owner: int):
     backups before it moves them back; no callback runs in between. Nothing stays on the
     modules after the call (so they still deep-copy and pickle as usual)."""
     installed = []
-    if owner in _homes and _homes[owner].tensors:  # nothing at home: nothing to record or send
+    model = comfy.torch_model(patcher)
+    if record.home is not None and record.home.tensors:  # nothing at home: nothing to record or send
         for prefix, module in list(model.named_modules()):
             holds_weights = next(_named_weights_here(module), None) is not None
             if (module is model or holds_weights) and "to" not in vars(module):
-                module.to = _home_first_to(weakref.ref(module), prefix, owner)
+                module.to = _home_first_to(weakref.ref(module), prefix, record, weakref.ref(patcher))
                 installed.append(module)
     try:
         yield
@@ -202,32 +176,35 @@ def watching(model, owner: int):
 
 
 def _named_weights_here(module):
+    from itertools import chain
+
     return chain(module.named_parameters(recurse=False), module.named_buffers(recurse=False))
 
 
-def _home_first_to(module_ref, prefix: str, owner: int):
+def _home_first_to(module_ref, prefix: str, record, patcher_ref):
     full = (prefix + ".") if prefix else ""
 
     def to(*args, **kwargs):
-        module, home, target = module_ref(), _homes.get(owner), _target(args, kwargs)
+        module, home, target = module_ref(), record.home, comfy.module_to_target(args, kwargs)
         if home is None or target is None:
             return type(module).to(module, *args, **kwargs)
         if target.type == "cpu":
-            if home.stamps:
-                _send_home(module, home, full, list(_named_weights(module)))
+            patcher = patcher_ref()
+            if home.stamps and patcher is not None and not comfy.weight_hooks(patcher):
+                _send_home(module, home, full, list(comfy.named_weights(module)), comfy.hook_patched_keys(patcher))
             moved = type(module).to(module, *args, **kwargs)
-            for name, weight in _named_weights(module):
+            for name, weight in comfy.named_weights(module):
                 home.stamps.pop(full + name, None)  # in RAM now, whichever way it came
                 home.pending.pop(full + name, None)
             return moved
         # Towards a device: remember which VRAM copies are copies of a home.
         from_home = set()
-        for name, weight in _named_weights(module):
+        for name, weight in comfy.named_weights(module):
             saved = home.tensors.get(full + name)
             if weight.device.type == "cpu" and saved is not None and saved.data_ptr() == weight.data_ptr():
                 from_home.add(name)
         moved = type(module).to(module, *args, **kwargs)
-        for name, weight in _named_weights(module):
+        for name, weight in comfy.named_weights(module):
             if name in from_home and weight.device.type != "cpu":
                 home.pending[full + name] = _stamp(weight)
         return moved

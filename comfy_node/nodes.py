@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from . import lifecycle
+from . import comfy, lifecycle
 from .native import require
 from .report import human, status_text
 from .spec import ALWAYS, Input, NodeSpec, Output, Result
@@ -28,52 +28,36 @@ SETTINGS_INPUTS = [
 ]
 
 
-def _patcher_of(value, kind: str):
-    """The ModelPatcher behind a MODEL / CLIP / VAE input, or a clear error."""
-    from comfy.model_patcher import ModelPatcher
-
-    patcher = value if kind == "MODEL" else getattr(value, "patcher", None)
-    if not isinstance(patcher, ModelPatcher):
-        what = type(value).__module__ + "." + type(value).__name__
-        raise ValueError(
-            f"Viking Pin {kind.title()} needs a ComfyUI {kind} input backed by a ModelPatcher, "
-            f"but the connected node gave a {what}. Connect the {kind} output of a loader node "
-            f"(e.g. Load Checkpoint) instead."
-        )
-    return patcher
-
-
 def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float, backend: str, priority: int,
          pinned_home: bool = True, vram_cap_gib: float = 0.0) -> Result:
-    require()
+    native = require()
     for name, number in (("budget_gib", budget_gib), ("headroom_gib", headroom_gib), ("vram_cap_gib", vram_cap_gib)):
-        if not (0.0 <= float(number) <= 4096.0):  # also catches NaN
-            raise ValueError(f"{name} is {number}; give GiB between 0 (auto) and 4096")
+        native.gib_to_bytes(name, float(number))  # the one rule for sizes; its ValueError says what to change
     if backend not in BACKENDS:
         raise ValueError(f"backend '{backend}' is not known; choose one of {', '.join(BACKENDS)}")
     # MODEL and CLIP: pin a clone, so the input is left as it was. VAE has no clone() in
     # ComfyUI 0.3.75: its patcher gets our keyed callbacks (added once).
     if kind == "MODEL":
-        output = _patcher_of(value, kind).clone()
+        output = comfy.patcher_of(value, kind).clone()
         patcher = output
     elif kind == "CLIP":
-        _patcher_of(value, kind)
+        comfy.patcher_of(value, kind)
         output = value.clone()
         patcher = output.patcher
     else:
-        patcher = _patcher_of(value, kind)
+        patcher = comfy.patcher_of(value, kind)
         output = value
     notes = []
     previous = lifecycle.settings_of(patcher)
     if previous is not None and previous.node_id != node_id:
         notes.append(f"This {kind} was already pinned by Viking node #{previous.node_id}; the settings of node #{node_id} apply now.")
     label = f"{kind} {type(patcher.model).__name__} (node #{node_id})"
-    settings = lifecycle.PinSettings(label=label, budget_gib=float(budget_gib), headroom_gib=float(headroom_gib),
+    settings = lifecycle.PinSettings(label=label, model_limit_gib=float(budget_gib), headroom_gib=float(headroom_gib),
                                      backend=backend, priority=int(priority), node_id=node_id,
                                      vram_cap_gib=float(vram_cap_gib), pinned_home=bool(pinned_home))
     try:
         report = lifecycle.attach(patcher, settings)
-    except require().BackendUnavailableError as error:
+    except native.BackendUnavailableError as error:
         lifecycle.unpin(patcher)
         raise RuntimeError(f"{error}. Choose backend 'auto' or 'os-lock' on this machine.") from error
     return Result((output,), _pin_text(report, notes, int(float(budget_gib) * 2**30)))
@@ -96,6 +80,7 @@ def _pin_text(report: dict, notes: list[str], node_budget_bytes: int = 0) -> str
     lines += [f"skipped {human(s['bytes'])}: {s['description']}" for s in report["skipped"]]
     lines += [f"released {human(b)} of a lower-priority model to make room" for _, b in report["evicted"]]
     lines += [f"failed: {f}" for f in report["failures"]]
+    lines += report.get("notes", [])
     if report.get("home_bytes"):
         lines.append(f"pinned home: {human(report['home_bytes'])} of RAM kept for the weights in VRAM")
     if report.get("home_note"):
@@ -109,7 +94,7 @@ VRAM_CAP = Input("vram_cap_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step
 
 
 def _status(node_id: str, after=None) -> Result:
-    status = lifecycle.annotate(json.loads(require().status_json(probe_cuda=True, mark_run=True)))
+    status = lifecycle.status(probe_cuda=True, mark_run=True)
     text = status_text(status)
     return Result((text, json.dumps(status)), text)
 
@@ -122,7 +107,7 @@ def _unpin(node_id: str, model=None, clip=None, vae=None, everything: bool = Fal
     released, names = 0, []
     for kind, value in (("MODEL", model), ("CLIP", clip), ("VAE", vae)):
         if value is not None:
-            released += lifecycle.unpin(_patcher_of(value, kind))
+            released += lifecycle.unpin(comfy.patcher_of(value, kind))
             names.append(kind)
     if not names:
         return Result((), "Nothing to unpin: connect a MODEL, CLIP or VAE, or switch 'everything' on.")

@@ -22,32 +22,20 @@ only out of VRAM ComfyUI had granted this model's weights and a Viking VRAM cap 
 tight). Same bytes, same kernels: outputs are bit-identical.
 
 Hooks are PyTorch's per-module forward hooks, on the streamed modules of one model only, and
-removed when the model stops streaming.
+removed when the model stops streaming. A model with hook patches (which rewrite weights in
+place per step) gets no prefetcher, and a step that begins while hook patches are registered
+streams the ComfyUI way: a copy queued ahead would carry stale bits and race the host write.
+The Prefetcher lives in the model's record (models.py).
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
+
+from . import comfy
 
 log = logging.getLogger("viking_engine")
-
-
-def _plain(tensor) -> bool:
-    import torch
-
-    return tensor is not None and type(tensor.data) is torch.Tensor and tensor.device.type == "cpu"
-
-
-def streamed_modules(model) -> list:
-    """Modules whose weights ComfyUI streams from RAM at each use (lowvram)."""
-    found = []
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if getattr(module, "comfy_cast_weights", False) and _plain(weight):
-            bias = getattr(module, "bias", None)
-            if bias is None or _plain(bias):
-                found.append(module)
-    return found
 
 
 class CudaCopies:
@@ -80,7 +68,8 @@ class CudaCopies:
 
 
 class Prefetcher:
-    def __init__(self, root, modules: list, device, window_bytes: int, copies=None, extra_bytes: int = 0):
+    def __init__(self, root, modules: list, device, window_bytes: int, copies=None, extra_bytes: int = 0,
+                 stand_aside=lambda: False):
         self.device = device
         self.window_bytes = int(window_bytes)
         self.modules = modules
@@ -96,6 +85,8 @@ class Prefetcher:
         self.copied_bytes = 0
         self.failed = None
         self.extra_bytes = extra_bytes  # of window_bytes, beyond ComfyUI's own streaming buffer
+        self.stand_aside = stand_aside  # asked at each step: True lets ComfyUI stream alone
+        self.standing_aside = False
         self.handles = [root.register_forward_pre_hook(self._guarded(self._begin_step)),
                         root.register_forward_hook(self._guarded(self._end_step), always_call=True)]
         for module in modules:
@@ -140,10 +131,16 @@ class Prefetcher:
     def _begin_step(self, _root, _args):
         self._restore_all()
         self.position, self.trace = 0, []
+        self.standing_aside = bool(self.stand_aside())
+        if self.standing_aside:
+            self.idle()
+            return
         self._issue()
 
     def _end_step(self, _root, _args, _output):
         self._restore_all()
+        if self.standing_aside:
+            return
         if self.trace == self.plan:
             self.issued = max(0, self.issued - len(self.plan))  # copies already queued for the next step
         else:
@@ -179,6 +176,8 @@ class Prefetcher:
 
     # -- one streamed module -----------------------------------------------------------------------
     def _before(self, module, _args):
+        if self.standing_aside:
+            return
         index = self.index[id(module)]
         self.trace.append(index)
         if self.position < len(self.plan) and self.plan[self.position] == index:
@@ -231,46 +230,54 @@ class Prefetcher:
             self._restore(index)
 
 
-_prefetchers: dict[int, Prefetcher] = {}  # owner -> its prefetcher
 DEFAULT_WINDOW_BYTES = 2 << 30  # measured on an H200: enough to bridge Flux's resident stretches
 SAFETY_BYTES = 1 << 30  # never take the last GiB of free VRAM for copies ahead
 
 
-def update(patcher, owner: int, enabled: bool, window_bytes: int = 0, surplus_bytes: int = 0) -> dict | None:
+def update(patcher, record, enabled: bool, window_bytes: int = 0) -> dict | None:
     """After a load or unload: streams through a prefetcher while the model has streamed
-    layers on a CUDA device, and through nothing otherwise. Returns a summary for the status."""
-    current = _prefetchers.get(owner)
-    device = getattr(patcher, "load_device", None)
-    modules = streamed_modules(patcher.model) if enabled and getattr(device, "type", None) == "cuda" else []
+    layers on a CUDA device, and through nothing otherwise. The window grows beyond ComfyUI's
+    own streaming buffer only out of VRAM the model's cap held back (`record.cap_surplus_bytes`)
+    and only if that much is free. Returns a summary for the status."""
+    current = record.prefetcher
+    device = comfy.load_device(patcher)
+    streams = enabled and getattr(device, "type", None) == "cuda"
+    modules = comfy.streamed_modules(comfy.torch_model(patcher)) if streams else []
     if current is not None and [id(m) for m in current.modules] == [id(m) for m in modules]:
         current.idle()  # between runs, no VRAM held for copies ahead
-        return summary(owner)
-    if current is not None:
-        current.remove()
-        del _prefetchers[owner]
+        return summary(record)
+    drop(record)
     if not modules:
         return None
     import torch
 
     largest = max(Prefetcher._nbytes(m) for m in modules)
-    reserved = max(int(getattr(patcher.model, "model_offload_buffer_memory", 0) or 0), 2 * largest)
+    reserved = max(comfy.offload_buffer_bytes(patcher), 2 * largest)
     free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    extra = min(max(0, (window_bytes or DEFAULT_WINDOW_BYTES) - reserved), surplus_bytes, max(0, free - SAFETY_BYTES))
-    root = patcher.model.diffusion_model if hasattr(patcher.model, "diffusion_model") else patcher.model
-    _prefetchers[owner] = Prefetcher(root, modules, device, reserved + extra, extra_bytes=extra)
+    extra = min(max(0, (window_bytes or DEFAULT_WINDOW_BYTES) - reserved), record.cap_surplus_bytes, max(0, free - SAFETY_BYTES))
+    model_ref = weakref.ref(comfy.torch_model(patcher))
+    record.prefetcher = Prefetcher(comfy.diffusion_root(patcher), modules, device, reserved + extra, extra_bytes=extra,
+                                   stand_aside=lambda: _hook_patched(model_ref))
     log.info("Viking Engine: prefetching %d streamed layers, %.0f MiB ahead", len(modules), (reserved + extra) / 2**20)
-    return summary(owner)
+    return summary(record)
 
 
-def summary(owner: int) -> dict | None:
-    current = _prefetchers.get(owner)
+def _hook_patched(model_ref) -> bool:
+    """Whether the patcher now sampling this model holds hook patches."""
+    model = model_ref()
+    patcher = comfy.sampling_patcher(model) if model is not None else None
+    return patcher is not None and comfy.weight_hooks(patcher)
+
+
+def summary(record) -> dict | None:
+    current = record.prefetcher
     if current is None:
         return None
     return {"streamed_layers": len(current.modules), "window_bytes": current.window_bytes, "extra_bytes": current.extra_bytes,
             "copied_bytes": current.copied_bytes, "planned_layers": len(current.plan), "failed": current.failed}
 
 
-def drop(owner: int):
-    current = _prefetchers.pop(owner, None)
+def drop(record):
+    current, record.prefetcher = record.prefetcher, None
     if current is not None:
         current.remove()

@@ -1,8 +1,7 @@
-"""Readable text from the native status JSON, for the status node and the log."""
+"""Readable text from the status (lifecycle.status()), for the status node, the route and the
+log. Everything it prints comes from that one dict."""
 
 from __future__ import annotations
-
-from . import lifecycle
 
 
 def human(nbytes: float) -> str:
@@ -35,9 +34,10 @@ def status_text(status: dict) -> str:
             lines.append(f"    in RAM {human(owner['resident_bytes'])}, swapped out {human(owner['swapped_bytes'])}")
         for skip in owner["skipped"]:
             lines.append(f"    skipped {human(skip['bytes'])} in {skip['count']} range(s): {skip['description']}")
-        report = lifecycle.last_report(owner["owner"]) or {}
-        if report.get("standing_aside"):
-            lines.append(f"    {report['standing_aside']}")
+        for note in owner.get("notes", []):
+            lines.append(f"    {note}")
+        if owner.get("standing_aside"):
+            lines.append(f"    {owner['standing_aside']}")
     lines.append(f"RAM: {human(memory['available_ram'])} available of {human(memory['total_ram'])}"
                  + (f" (container limit {human(memory['container_limit'])})" if memory.get("container_limit") else ""))
     if memory.get("given_back_under_pressure"):
@@ -64,11 +64,15 @@ def status_text(status: dict) -> str:
         lines.append(f"CUDA: {device['name']} (device {device['ordinal']}), {human(cuda['free_bytes'] or 0)} free of {human(cuda['total_bytes'] or 0)}")
     else:
         lines.append(f"CUDA: not used ({cuda['reason']})")
-    comfy_ranges, comfy_total = lifecycle.comfy_pins()
-    if comfy_total:
-        lines.append(f"ComfyUI's own pinning: {human(comfy_total)} in {len(comfy_ranges)} tensor(s) (counted in the budget)")
-    if lifecycle.dynamic_vram_enabled():
-        lines.append("ComfyUI dynamic VRAM mode is on: it pins its own buffers; Viking stands aside for those weights")
+    comfy = status.get("comfy") or {}
+    if comfy.get("version"):
+        lines.append(f"ComfyUI {comfy['version']} ({comfy['mode']})")
+    if comfy.get("pinned_bytes"):
+        lines.append(f"ComfyUI's own pinning: {human(comfy['pinned_bytes'])} in {comfy['pinned_tensors']} tensor(s) (counted in the budget)")
+    for note in comfy.get("notes", []):
+        lines.append(f"ComfyUI: {note}")
+    for change in status.get("deferred_changes", []):
+        lines.append(f"Waiting for the running prompt: {change}")
     counters = status["counters"]
     lines.append(f"Registrations: {counters['registrations']} made, {counters['releases']} released, {counters['failures']} failed")
     for event in status["events"][-5:]:

@@ -1,4 +1,6 @@
-"""HTTP routes on ComfyUI's own server (imported only inside ComfyUI)."""
+"""HTTP routes on ComfyUI's own server (imported only inside ComfyUI). They run on the server's
+thread: changes go through gate.submit, which applies them at once when no prompt runs and
+otherwise hands them to the execution thread (the answer then says "deferred")."""
 
 import json
 import os
@@ -6,7 +8,7 @@ import os
 from aiohttp import web
 from server import PromptServer
 
-from . import engine_mode, lifecycle
+from . import engine_mode, gate, lifecycle
 from .native import native, INSTALL_HINT
 from .report import status_text
 
@@ -51,7 +53,7 @@ async def _change_request(request) -> dict:
 async def viking_status(request):
     """The status JSON (what the status node shows), plus its text form under "text"."""
     _guard(request, "read")
-    status = lifecycle.annotate(json.loads(native.status_json(probe_cuda=request.query.get("probe_cuda") == "1")))
+    status = lifecycle.status(probe_cuda=request.query.get("probe_cuda") == "1")
     status["text"] = status_text(status)
     return web.json_response(status)
 
@@ -61,17 +63,26 @@ async def viking_unpin(request):
     """{"owner": <id from the status>} releases one model's pins; {"all": true} every pin."""
     body = await _change_request(request)
     if body.get("all") is True:
-        return web.json_response({"released_bytes": lifecycle.unpin(None)})
+        return web.json_response(_outcome(gate.submit("unpin every model", lambda: lifecycle.unpin(None))))
     owner = body.get("owner")
     if isinstance(owner, bool) or not isinstance(owner, int) or owner < 0:
         return web.json_response({"error": 'give {"owner": <an owner id from /viking/status>} or {"all": true}'}, status=400)
-    if owner not in lifecycle.labels():  # every model Viking pins in ComfyUI goes through lifecycle
+    labels = lifecycle.labels()  # every model Viking pins in ComfyUI goes through lifecycle
+    if owner not in labels:
         return web.json_response({"error": f"no pinned model has owner id {owner}; see /viking/status"}, status=404)
-    return web.json_response({"released_bytes": lifecycle.unpin_owner(owner)})
+    return web.json_response(_outcome(gate.submit(f"unpin '{labels[owner]}'", lambda: lifecycle.unpin_owner(owner))))
+
+
+def _outcome(submitted: dict) -> dict:
+    """{"released_bytes": N} when applied at once; {"deferred": what} while a prompt runs."""
+    if submitted["applied"]:
+        return {"released_bytes": submitted["result"]}
+    return {"deferred": submitted["deferred"], "note": "applied when the running prompt reaches Viking or ends"}
 
 
 @PromptServer.instance.routes.get("/viking/engine")
 async def viking_engine_get(request):
+    _guard(request, "read")
     return web.json_response({"engine_mode": engine_mode.enabled()})
 
 
@@ -83,4 +94,8 @@ async def viking_engine_set(request):
         return web.json_response({"engine_mode": engine_mode.enabled(), "error": f"engine mode is fixed by {engine_mode.ENV} for this server"}, status=409)
     if not isinstance(body.get("enabled"), bool):
         return web.json_response({"error": 'give {"enabled": true} or {"enabled": false}'}, status=400)
-    return web.json_response(engine_mode.set_enabled(body["enabled"]))
+    wanted = body["enabled"]
+    submitted = gate.submit(f"engine mode {'on' if wanted else 'off'}", lambda: engine_mode.set_enabled(wanted))
+    if submitted["applied"]:
+        return web.json_response(submitted["result"])
+    return web.json_response({"engine_mode": engine_mode.enabled(), "deferred": submitted["deferred"]})

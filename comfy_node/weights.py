@@ -10,7 +10,8 @@ from typing import Iterable
 def cpu_storage_ranges(tensors: Iterable) -> tuple[list[tuple[int, int, object]], list[tuple[int, int]]]:
     """Returns (ranges, pinned_elsewhere). Skips GPU, meta and empty tensors; views of one
     storage count once. `pinned_elsewhere` lists storages CUDA already reports as pinned (by
-    ComfyUI, or by `pin_memory()`): the engine never registers those twice."""
+    ComfyUI, by `pin_memory()`, or by Viking itself: the engine takes its own out): the engine
+    never registers those twice."""
     ranges, pinned_elsewhere, seen = [], [], set()
     for tensor in tensors:
         if tensor is None or tensor.device.type != "cpu" or tensor.is_meta:
@@ -26,6 +27,7 @@ def cpu_storage_ranges(tensors: Iterable) -> tuple[list[tuple[int, int, object]]
     return ranges, pinned_elsewhere
 
 
+
 def module_tensors(module) -> list:
-    """Parameters and buffers of a torch module, each once."""
+    """Parameters and buffers of a torch module, each once, as plain tensors."""
     return [t.data if hasattr(t, "data") else t for t in list(module.parameters()) + list(module.buffers())]

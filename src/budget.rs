@@ -23,8 +23,17 @@ use crate::error::{Result, VikingError};
 
 pub const GIB: u64 = 1 << 30;
 
-/// Larger than any machine's RAM: a budget above this is a typo, not a wish.
-const ABSURD_BYTES: f64 = (1u64 << 50) as f64; // 1 PiB
+/// Larger than any machine's RAM: a size above this many GiB is a typo, not a wish.
+pub const MAX_GIB: f64 = (1u64 << 20) as f64; // 1 PiB
+
+/// The one rule for a size a person gives in GiB (budgets, headroom, a model's limit, a VRAM
+/// cap): a finite number from 0 (auto / no limit) to `MAX_GIB`. Returns bytes.
+pub fn gib_to_bytes(name: &str, gib: f64) -> Result<u64> {
+    if !(gib.is_finite() && (0.0..=MAX_GIB).contains(&gib)) {
+        return Err(VikingError::invalid(format!("{name} is {gib}; give a number of GiB from 0 (auto) to {MAX_GIB}")));
+    }
+    Ok((gib * GIB as f64) as u64)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -52,7 +61,7 @@ impl Os {
     pub fn pin_share_cap(self) -> f64 {
         match self {
             Os::Linux => 0.90,
-            Os::Windows => 0.40, // page-locking past ~40-50% of RAM fails there (FACTS section 4)
+            Os::Windows => 0.40, // page-locking past ~40-50% of RAM fails there (users' reports)
             Os::Mac | Os::Other => 0.50,
         }
     }
@@ -117,42 +126,24 @@ impl Policy {
     /// Builds a policy from the numbers a user types, rejecting the ones that make no sense.
     /// `budget_gib`: 0 = auto. `share`: 0 = unused, else in (0, 1]. `headroom_gib`: negative = auto.
     pub fn from_user(budget_gib: f64, share: f64, headroom_gib: f64) -> Result<Policy> {
-        let gib_to_bytes = |name: &str, gib: f64| -> Result<u64> {
-            if !gib.is_finite() {
-                return Err(VikingError::invalid(format!("{name} is {gib}; give a number of GiB, e.g. 8")));
-            }
-            let bytes = gib * GIB as f64;
-            if bytes > ABSURD_BYTES {
-                return Err(VikingError::invalid(format!(
-                    "{name} = {gib} GiB is more than any machine has; give a value in GiB below 1048576 (0 = auto)"
-                )));
-            }
-            Ok(bytes.max(0.0) as u64)
-        };
-        if budget_gib < 0.0 || budget_gib.is_nan() {
-            return Err(VikingError::invalid(format!(
-                "budget_gib is {budget_gib}; it must be 0 (auto) or a positive number of GiB"
-            )));
-        }
+        let budget_bytes = gib_to_bytes("budget_gib", budget_gib)?;
         if !(share.is_finite() && (0.0..=1.0).contains(&share)) {
             return Err(VikingError::invalid(format!(
                 "share of RAM is {share}; it must be between 0 (unused) and 1 (all of RAM)"
             )));
         }
-        if headroom_gib.is_nan() {
-            return Err(VikingError::invalid("headroom_gib is NaN; give GiB to keep free, or -1 for auto"));
-        }
-        let limit = if budget_gib > 0.0 {
+        // Negative headroom means auto; anything else follows the one GiB rule.
+        let headroom_bytes = if headroom_gib < 0.0 { None } else { Some(gib_to_bytes("headroom_gib", headroom_gib)?) };
+        let limit = if budget_bytes > 0 {
             if share > 0.0 {
                 return Err(VikingError::invalid("give either budget_gib or a share of RAM, not both"));
             }
-            Limit::Bytes(gib_to_bytes("budget_gib", budget_gib)?)
+            Limit::Bytes(budget_bytes)
         } else if share > 0.0 {
             Limit::ShareOfRam(share)
         } else {
             Limit::Auto
         };
-        let headroom_bytes = if headroom_gib < 0.0 { None } else { Some(gib_to_bytes("headroom_gib", headroom_gib)?) };
         Ok(Policy { limit, headroom_bytes })
     }
 }

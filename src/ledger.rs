@@ -1,6 +1,7 @@
 //! Every live registration, by base address. An entry owns its registration *and* a reference
 //! to the memory's owner (the tensor storage): dropping the entry unpins first, then lets the
-//! memory go, so memory can never be freed while pinned (FACTS section 4).
+//! memory go, so memory can never be freed while pinned. (Freeing memory before unregistering
+//! it leaks the pinned pages, and the next registration at that address fails with 712.)
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -8,7 +9,6 @@ use std::sync::Arc;
 
 use crate::backend::{BackendKind, Registration};
 use crate::error::{Result, VikingError};
-use crate::memmap::MemoryKind;
 
 /// Something that keeps pinned memory alive (a Python storage object; a `Vec<u8>` in tests).
 pub type Keepalive = Arc<dyn Any + Send + Sync>;
@@ -19,7 +19,6 @@ pub struct Entry {
     pub keepalive: Vec<Keepalive>,
     pub owner: u64,
     pub priority: i32,
-    pub kind: MemoryKind,
 }
 
 impl Drop for Entry {

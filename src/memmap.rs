@@ -2,7 +2,8 @@
 //! Pure: the reading of the file lives in `sys::os`.
 //!
 //! Why it matters: registering a *private read-only file mapping* with cuMemHostRegister hung
-//! for more than 90 s on an H200 (FACTS section 1). Such memory must never reach CUDA.
+//! for more than 90 s on an H200 (driver 580, flags PORTABLE|READ_ONLY). Such memory must never
+//! reach CUDA.
 
 use serde::Serialize;
 

@@ -1,19 +1,31 @@
-//! Which byte ranges to register. Pure and deterministic: host ranges, what is already pinned
-//! and the room in the budget in; regions to register and everything left out (with reasons) out.
+//! Which byte ranges to register. Pure and deterministic: host ranges (one per tensor storage),
+//! what is already pinned and the room in the budget in; regions to register and everything
+//! left out (with reasons) out.
 //!
-//! Rules, each from a measured fact (FACTS sections 1 and 4):
-//! - never overlap a live registration, ours or another's: the driver answers 712;
-//! - merge ranges of one owner that touch or overlap (one call per region: ~0.2 ms a call);
-//! - split regions above `max_region_bytes` (one registration of >= 512 GiB fails on r580);
-//! - highest priority first; a region that does not fit is cut to the room left (at a page).
+//! Rules, each from a measured fact:
+//! - a storage is registered whole, inside one region, or not at all: on an H200 a copy to the
+//!   GPU from a storage whose first bytes are registered but not all of it fails with "invalid
+//!   argument", and so does one spanning two adjacent registrations
+//!   (bench/results/gpu_probe_partial_registration.json); a storage whose start is not
+//!   registered copies as pageable memory. So the budget cuts at storage boundaries, large
+//!   regions split at storage boundaries, and a storage pinned in part by someone else is left;
+//! - never overlap a live registration, ours or another's: the CUDA driver answers 712
+//!   (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+//! - merge ranges of one owner that touch or overlap (each registration call costs ~0.2 ms:
+//!   4096 registrations of 1 MiB ran at 5.2 GB/s against 25 GB/s for one large one);
+//! - split regions above `max_region_bytes` (one registration of 512 GiB or more fails on
+//!   driver r580); a single storage above `MAX_ONE_REGISTRATION` is left out;
+//! - highest priority first.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::memmap::MemoryKind;
+use crate::spans;
 
-pub const PAGE: u64 = 4096;
+/// The largest single storage Viking registers (well below the 512 GiB that fails on r580).
+pub const MAX_ONE_REGISTRATION: u64 = 256 << 30;
 
 /// One piece of host memory a caller wants pinned (one tensor storage, typically).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +35,12 @@ pub struct HostRange {
     pub owner: u64,
     pub priority: i32,
     pub kind: MemoryKind,
+}
+
+impl HostRange {
+    fn end(&self) -> u64 {
+        self.addr + self.len
+    }
 }
 
 /// A byte range already pinned: by us (`owner` is Some) or by someone else (None).
@@ -36,6 +54,7 @@ pub struct Pinned {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rules {
     pub room_bytes: u64,
+    /// Regions above this are split (at storage boundaries).
     pub max_region_bytes: u64,
     /// Merged regions smaller than this are not worth a registration call.
     pub min_region_bytes: u64,
@@ -56,7 +75,8 @@ pub struct Region {
     pub owner: u64,
     pub priority: i32,
     pub kind: MemoryKind,
-    /// Indices of the input ranges this region lies in (whose memory it must keep alive).
+    /// Indices of the input ranges this region holds (whose memory it must keep alive). Each
+    /// lies wholly inside the region.
     pub sources: Vec<usize>,
 }
 
@@ -68,10 +88,25 @@ pub enum SkipReason {
     ReadOnlyFileMapping,
     PinnedByOther,
     PinnedForAnotherModel,
+    PartlyPinnedElsewhere,
     TooSmall,
+    TooLarge,
 }
 
 impl SkipReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            SkipReason::OverBudget => "over_budget",
+            SkipReason::NotHostMemory => "not_host_memory",
+            SkipReason::ReadOnlyFileMapping => "read_only_file_mapping",
+            SkipReason::PinnedByOther => "pinned_by_other",
+            SkipReason::PinnedForAnotherModel => "pinned_for_another_model",
+            SkipReason::PartlyPinnedElsewhere => "partly_pinned_elsewhere",
+            SkipReason::TooSmall => "too_small",
+            SkipReason::TooLarge => "too_large",
+        }
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             SkipReason::OverBudget => "over budget",
@@ -79,7 +114,11 @@ impl SkipReason {
             SkipReason::ReadOnlyFileMapping => "read-only file mapping (CUDA must not register it)",
             SkipReason::PinnedByOther => "already pinned by someone else (ComfyUI)",
             SkipReason::PinnedForAnotherModel => "already pinned by Viking for another model",
+            SkipReason::PartlyPinnedElsewhere => {
+                "the rest of a storage pinned in part elsewhere (a copy from a storage registered in part fails)"
+            }
             SkipReason::TooSmall => "too small to be worth a registration",
+            SkipReason::TooLarge => "a single storage too large for one registration",
         }
     }
 }
@@ -101,154 +140,226 @@ pub struct Plan {
     pub planned_bytes: u64,
 }
 
-/// A piece of an input range after subtraction, before merging.
-#[derive(Debug, Clone, Copy)]
-struct Piece {
+/// Skipped bytes of one reason, for the report and the status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkipSummary {
+    pub reason: String,
+    pub description: String,
+    pub bytes: u64,
+    pub count: usize,
+}
+
+impl SkipSummary {
+    pub fn new(reason: &str, description: &str, bytes: u64, count: usize) -> SkipSummary {
+        SkipSummary { reason: reason.into(), description: description.into(), bytes, count }
+    }
+}
+
+/// Groups skipped ranges by reason, in a fixed order.
+pub fn summarize_skips(skipped: &[Skipped]) -> Vec<SkipSummary> {
+    let mut by_reason: BTreeMap<SkipReason, (u64, usize)> = BTreeMap::new();
+    for skip in skipped {
+        let slot = by_reason.entry(skip.reason).or_default();
+        slot.0 += skip.len;
+        slot.1 += 1;
+    }
+    by_reason.into_iter().map(|(reason, (bytes, count))| SkipSummary::new(reason.name(), reason.describe(), bytes, count)).collect()
+}
+
+/// Ranges of one owner, priority and kind that touch or overlap, merged: a candidate region.
+/// `cuts` are the addresses inside it that no source straddles (where it may be cut).
+struct Run {
     addr: u64,
     end: u64,
-    source: usize,
+    owner: u64,
+    priority: i32,
+    kind: MemoryKind,
+    sources: Vec<usize>,
+    cuts: Vec<u64>,
 }
 
-/// `[addr, end)` minus the sorted, non-overlapping `pinned` intervals. Calls `covered` for each
-/// removed part and returns the parts left.
-fn subtract(addr: u64, end: u64, pinned: &[Pinned], mut covered: impl FnMut(u64, u64, &Pinned)) -> Vec<(u64, u64)> {
-    let mut left = Vec::new();
-    let mut cursor = addr;
-    let first = pinned.partition_point(|p| p.addr + p.len <= addr);
-    for p in &pinned[first..] {
-        if p.addr >= end {
-            break;
-        }
-        let (p_start, p_end) = (p.addr.max(cursor), (p.addr + p.len).min(end));
-        if p_start > cursor {
-            left.push((cursor, p_start));
-        }
-        if p_end > p_start {
-            covered(p_start, p_end, p);
-        }
-        cursor = cursor.max(p_end);
+impl Run {
+    /// The furthest place this run may end at, at most `limit` bytes from `from` (a cut or the
+    /// end), or None.
+    fn boundary_within(&self, from: u64, limit: u64) -> Option<u64> {
+        self.cuts.iter().copied().chain([self.end]).filter(|&b| b > from && b - from <= limit).max()
     }
-    if cursor < end {
-        left.push((cursor, end));
+
+    /// The nearest place after `from` where the run may end.
+    fn next_boundary(&self, from: u64) -> u64 {
+        self.cuts.iter().copied().chain([self.end]).filter(|&b| b > from).min().unwrap_or(self.end)
     }
-    left
 }
 
-/// Plans the registrations. `ranges` must be valid (len > 0, no wrap; `python.rs` checks).
+/// Plans the registrations. `ranges` must be valid (len > 0, no wrap; the engine checks).
 /// `pinned` may come in any order; its intervals must not overlap each other.
 pub fn plan(ranges: &[HostRange], pinned: &[Pinned], rules: &Rules) -> Plan {
     let mut out = Plan::default();
+    let accepted = pinnable(ranges, pinned, rules, &mut out);
+    let runs = merge_runs(ranges, &accepted);
+    fill(ranges, runs, rules, &mut out);
+    out
+}
+
+/// Step 1: the indices of the ranges that may be pinned: host memory the backend takes, not
+/// pinned at all yet, and not claimed by an owner planned before. Everything else goes to
+/// `out` (already pinned for this owner, or skipped with its reason). Ranges of one group that
+/// overlap are decided together: no registration can end inside an overlap.
+fn pinnable(ranges: &[HostRange], pinned: &[Pinned], rules: &Rules, out: &mut Plan) -> Vec<usize> {
     let mut pinned = pinned.to_vec();
     pinned.sort_by_key(|p| p.addr);
-
-    // 1. Drop what cannot be pinned; subtract what already is.
-    let mut pieces: Vec<Piece> = Vec::with_capacity(ranges.len());
-    for (source, range) in ranges.iter().enumerate() {
-        let skip = |reason| Skipped { addr: range.addr, len: range.len, owner: range.owner, reason };
-        if !range.kind.is_host_memory() {
-            out.skipped.push(skip(SkipReason::NotHostMemory));
+    let mut candidates = Vec::new();
+    for (index, range) in ranges.iter().enumerate() {
+        let reason = if !range.kind.is_host_memory() {
+            Some(SkipReason::NotHostMemory)
+        } else if range.kind == MemoryKind::ReadOnly && !rules.read_only_ok {
+            Some(SkipReason::ReadOnlyFileMapping)
+        } else if range.len > MAX_ONE_REGISTRATION {
+            Some(SkipReason::TooLarge)
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => out.skipped.push(Skipped { addr: range.addr, len: range.len, owner: range.owner, reason }),
+            None => candidates.push(index),
+        }
+    }
+    // Memory wanted by two groups (two owners; or one owner's ranges of two priorities or
+    // kinds, which cannot merge): the first cluster in order keeps it (the higher priority),
+    // the later one is told. Claimed spans by start: (end, group).
+    let mut claimed: BTreeMap<u64, (u64, Group)> = BTreeMap::new();
+    let mut accepted = Vec::new();
+    for cluster in clusters(ranges, candidates) {
+        let first = pinned.partition_point(|p| p.addr + p.len <= cluster.addr);
+        let over: Vec<&Pinned> = pinned[first..].iter().take_while(|p| p.addr < cluster.end).collect();
+        let others: Vec<(u64, u64, u64)> = claimed
+            .range(..cluster.end)
+            .filter(|(_, &(end, group))| end > cluster.addr && group != cluster.group)
+            .map(|(&start, &(end, group))| (start, end, group.0))
+            .collect();
+        if over.is_empty() && others.is_empty() {
+            claimed.insert(cluster.addr, (cluster.end, cluster.group));
+            accepted.extend(cluster.members);
             continue;
         }
-        if range.kind == MemoryKind::ReadOnly && !rules.read_only_ok {
-            out.skipped.push(skip(SkipReason::ReadOnlyFileMapping));
-            continue;
-        }
-        let end = range.addr + range.len;
-        let mut covered_parts = Vec::new();
-        let left = subtract(range.addr, end, &pinned, |start, stop, p| covered_parts.push((start, stop, p.owner)));
-        for (start, stop, pinned_owner) in covered_parts {
-            match pinned_owner {
-                Some(owner) if owner == range.owner => out.already_pinned_bytes += stop - start,
-                Some(_) => out.skipped.push(Skipped { addr: start, len: stop - start, owner: range.owner, reason: SkipReason::PinnedForAnotherModel }),
-                None => out.skipped.push(Skipped { addr: start, len: stop - start, owner: range.owner, reason: SkipReason::PinnedByOther }),
+        // Pinned in part: what the pins hold is accounted for, the rest is left out (a storage
+        // registered in part cannot be copied from).
+        let owner = cluster.group.0;
+        let mut skip = |addr: u64, end: u64, reason| out.skipped.push(Skipped { addr, len: end - addr, owner, reason });
+        let mut held: Vec<(u64, u64)> = Vec::new();
+        for p in &over {
+            let (start, end) = (p.addr.max(cluster.addr), (p.addr + p.len).min(cluster.end));
+            held.push((start, end));
+            match p.owner {
+                Some(other) if other == owner => {} // already pinned: counted below
+                Some(_) => skip(start, end, SkipReason::PinnedForAnotherModel),
+                None => skip(start, end, SkipReason::PinnedByOther),
             }
         }
-        pieces.extend(left.into_iter().map(|(addr, end)| Piece { addr, end, source }));
+        for (start, end, other) in others {
+            if other != owner {
+                let (start, end) = (start.max(cluster.addr), end.min(cluster.end));
+                held.push((start, end));
+                skip(start, end, SkipReason::PinnedForAnotherModel);
+            }
+        }
+        for (start, end) in spans::subtract(&[(cluster.addr, cluster.end)], &held) {
+            skip(start, end, SkipReason::PartlyPinnedElsewhere);
+        }
+        out.already_pinned_bytes += over
+            .iter()
+            .filter(|p| p.owner == Some(owner))
+            .map(|p| (p.addr + p.len).min(cluster.end) - p.addr.max(cluster.addr))
+            .sum::<u64>();
     }
+    accepted
+}
 
-    // 2. Merge pieces of one owner, priority and kind that touch or overlap.
-    let key = |p: &Piece| {
-        let r = &ranges[p.source];
-        (r.owner, std::cmp::Reverse(r.priority), r.kind)
-    };
-    pieces.sort_by_key(|p| (key(p), p.addr, p.end, p.source));
-    let mut merged: Vec<Region> = Vec::new();
-    for piece in &pieces {
-        let range = &ranges[piece.source];
-        if let Some(last) = merged.last_mut() {
-            let same_group = (last.owner, std::cmp::Reverse(last.priority), last.kind) == key(piece);
-            if same_group && piece.addr <= last.addr + last.len {
-                last.len = last.len.max(piece.end - last.addr);
-                if last.sources.last() != Some(&piece.source) {
-                    last.sources.push(piece.source);
-                }
-                continue;
-            }
-        }
-        merged.push(Region { addr: piece.addr, len: piece.end - piece.addr, owner: range.owner, priority: range.priority, kind: range.kind, sources: vec![piece.source] });
-    }
-    // Pieces of different owners may still overlap (two models sharing a tensor): the first
-    // owner in order keeps the bytes, the later one is told.
-    merged.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.addr, r.owner));
-    let mut claimed: BTreeMap<u64, u64> = BTreeMap::new(); // start -> end, disjoint
-    let mut deduped = Vec::with_capacity(merged.len());
-    for region in merged {
-        let end = region.addr + region.len;
-        let mut cursor = region.addr;
-        let mut left = Vec::new();
-        let first = claimed.range(..=region.addr).next_back().map_or(region.addr, |(&start, _)| start);
-        for (&start, &stop) in claimed.range(first..end) {
-            if stop <= cursor {
-                continue;
-            }
-            if start > cursor {
-                left.push((cursor, start));
-            }
-            let taken_end = stop.min(end);
-            let taken_start = start.max(cursor);
-            out.skipped.push(Skipped { addr: taken_start, len: taken_end - taken_start, owner: region.owner, reason: SkipReason::PinnedForAnotherModel });
-            cursor = taken_end;
-        }
-        if cursor < end {
-            left.push((cursor, end));
-        }
-        for (start, stop) in left {
-            claimed.insert(start, stop);
-            let sources = region.sources.iter().copied().filter(|&s| ranges[s].addr < stop && start < ranges[s].addr + ranges[s].len).collect();
-            deduped.push(Region { addr: start, len: stop - start, sources, ..region.clone() });
-        }
-    }
+/// Owner, priority and kind: ranges that may share one registration.
+type Group = (u64, i32, MemoryKind);
 
-    // 3. Fill the budget, highest priority first; split what is too large for one call.
-    let mut room = rules.room_bytes;
-    for region in deduped {
-        if region.len < rules.min_region_bytes {
-            out.skipped.push(Skipped { addr: region.addr, len: region.len, owner: region.owner, reason: SkipReason::TooSmall });
-            continue;
-        }
-        let mut take = region.len.min(room);
-        if take < region.len {
-            // Cut at a page boundary so the remainder is a clean region for later.
-            let cut_end = (region.addr + take) / PAGE * PAGE;
-            take = cut_end.saturating_sub(region.addr);
-            if take < rules.min_region_bytes {
-                take = 0;
+/// Ranges of one group whose bytes overlap (not merely touch), decided together.
+struct Cluster {
+    addr: u64,
+    end: u64,
+    group: Group,
+    members: Vec<usize>,
+}
+
+/// The clusters of `candidates`, highest priority first, then by address.
+fn clusters(ranges: &[HostRange], mut candidates: Vec<usize>) -> Vec<Cluster> {
+    let group = |i: usize| (ranges[i].owner, ranges[i].priority, ranges[i].kind);
+    candidates.sort_by_key(|&i| (group(i), ranges[i].addr, i));
+    let mut out: Vec<Cluster> = Vec::new();
+    for index in candidates {
+        let range = &ranges[index];
+        match out.last_mut() {
+            Some(cluster) if cluster.group == group(index) && range.addr < cluster.end => {
+                cluster.end = cluster.end.max(range.end());
+                cluster.members.push(index);
             }
-            let rest = region.len - take;
-            out.skipped.push(Skipped { addr: region.addr + take, len: rest, owner: region.owner, reason: SkipReason::OverBudget });
-        }
-        room -= take;
-        let mut offset = 0;
-        while offset < take {
-            let len = (take - offset).min(rules.max_region_bytes);
-            let (addr, end) = (region.addr + offset, region.addr + offset + len);
-            let sources = region.sources.iter().copied().filter(|&s| ranges[s].addr < end && addr < ranges[s].addr + ranges[s].len).collect();
-            out.regions.push(Region { addr, len, sources, ..region.clone() });
-            out.planned_bytes += len;
-            offset += len;
+            _ => out.push(Cluster { addr: range.addr, end: range.end(), group: group(index), members: vec![index] }),
         }
     }
+    out.sort_by_key(|c| (std::cmp::Reverse(c.group.1), c.addr, c.group.0));
     out
+}
+
+/// Step 2: accepted ranges of one owner, priority and kind that touch or overlap become one
+/// run, highest priority first.
+fn merge_runs(ranges: &[HostRange], accepted: &[usize]) -> Vec<Run> {
+    let key = |i: usize| (ranges[i].owner, std::cmp::Reverse(ranges[i].priority), ranges[i].kind);
+    let mut sorted = accepted.to_vec();
+    sorted.sort_by_key(|&i| (key(i), ranges[i].addr, ranges[i].end(), i));
+    let mut runs: Vec<Run> = Vec::new();
+    for index in sorted {
+        let range = &ranges[index];
+        if let Some(run) = runs.last_mut() {
+            if (run.owner, std::cmp::Reverse(run.priority), run.kind) == key(index) && range.addr <= run.end {
+                // Sorted by start, so no later range can straddle a cut made here.
+                if range.addr == run.end {
+                    run.cuts.push(run.end);
+                }
+                run.end = run.end.max(range.end());
+                run.sources.push(index);
+                continue;
+            }
+        }
+        runs.push(Run { addr: range.addr, end: range.end(), owner: range.owner, priority: range.priority, kind: range.kind, sources: vec![index], cuts: Vec::new() });
+    }
+    runs.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.addr, r.owner));
+    runs
+}
+
+/// Step 3: fills the budget run by run, cutting only where no storage straddles, and splits
+/// what is taken into registrations of at most `max_region_bytes` (a single larger storage
+/// gets a registration of its own).
+fn fill(ranges: &[HostRange], runs: Vec<Run>, rules: &Rules, out: &mut Plan) {
+    let mut room = rules.room_bytes;
+    for run in runs {
+        let skip = |out: &mut Plan, addr: u64, end: u64, reason| out.skipped.push(Skipped { addr, len: end - addr, owner: run.owner, reason });
+        if run.end - run.addr < rules.min_region_bytes {
+            skip(out, run.addr, run.end, SkipReason::TooSmall);
+            continue;
+        }
+        let take_end = run.boundary_within(run.addr, room).filter(|&end| end - run.addr >= rules.min_region_bytes);
+        let Some(take_end) = take_end else {
+            skip(out, run.addr, run.end, SkipReason::OverBudget);
+            continue;
+        };
+        if take_end < run.end {
+            skip(out, take_end, run.end, SkipReason::OverBudget);
+        }
+        room -= take_end - run.addr;
+        let mut start = run.addr;
+        while start < take_end {
+            let stop = run.boundary_within(start, rules.max_region_bytes).unwrap_or_else(|| run.next_boundary(start)).min(take_end);
+            let sources = run.sources.iter().copied().filter(|&s| ranges[s].addr >= start && ranges[s].end() <= stop).collect();
+            out.regions.push(Region { addr: start, len: stop - start, owner: run.owner, priority: run.priority, kind: run.kind, sources });
+            out.planned_bytes += stop - start;
+            start = stop;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -278,63 +389,105 @@ mod tests {
     }
 
     #[test]
-    fn different_owners_do_not_merge_and_shared_bytes_go_to_one() {
+    fn different_owners_do_not_merge_and_shared_memory_goes_to_one() {
         let base = 0x1000_0000;
         let input = [range(base, 2 * MIB, 1, 0), range(base + MIB, 2 * MIB, 2, 0)];
         let plan = plan(&input, &[], &rules(u64::MAX));
-        assert_eq!(plan.regions.len(), 2);
-        assert_eq!(plan.planned_bytes, 3 * MIB);
-        assert_eq!(plan.skipped, vec![Skipped { addr: base + MIB, len: MIB, owner: 2, reason: SkipReason::PinnedForAnotherModel }]);
+        // Owner 2's storage overlaps owner 1's: pinning the rest of it alone would leave a
+        // storage registered in part, so none of it is pinned.
+        assert_eq!(plan.regions.iter().map(|r| (r.owner, r.len)).collect::<Vec<_>>(), vec![(1, 2 * MIB)]);
+        assert_eq!(
+            plan.skipped,
+            vec![
+                Skipped { addr: base + MIB, len: MIB, owner: 2, reason: SkipReason::PinnedForAnotherModel },
+                Skipped { addr: base + 2 * MIB, len: MIB, owner: 2, reason: SkipReason::PartlyPinnedElsewhere },
+            ]
+        );
     }
 
     #[test]
-    fn live_registrations_are_subtracted() {
+    fn live_registrations_are_subtracted_and_a_storage_pinned_in_part_is_left() {
         let base = 0x1000_0000;
         let pinned = [
             Pinned { addr: base, len: MIB, owner: Some(1) },
             Pinned { addr: base + 2 * MIB, len: MIB, owner: None },
-            Pinned { addr: base + 4 * MIB, len: MIB, owner: Some(9) },
+            Pinned { addr: base + 4 * MIB + MIB / 2, len: MIB / 2, owner: None },
         ];
-        let plan = plan(&[range(base, 6 * MIB, 1, 0)], &pinned, &rules(u64::MAX));
+        let input = [range(base, MIB, 1, 0), range(base + MIB, MIB, 1, 0), range(base + 2 * MIB, MIB, 1, 0), range(base + 4 * MIB, MIB, 1, 0)];
+        let plan = plan(&input, &pinned, &rules(u64::MAX));
         assert_eq!(plan.already_pinned_bytes, MIB);
-        let regions: Vec<_> = plan.regions.iter().map(|r| (r.addr - base, r.len)).collect();
-        assert_eq!(regions, vec![(MIB, MIB), (3 * MIB, MIB), (5 * MIB, MIB)]);
-        let reasons: Vec<_> = plan.skipped.iter().map(|s| s.reason).collect();
-        assert_eq!(reasons, vec![SkipReason::PinnedByOther, SkipReason::PinnedForAnotherModel]);
+        assert_eq!(plan.regions.iter().map(|r| (r.addr - base, r.len)).collect::<Vec<_>>(), vec![(MIB, MIB)]);
+        let reasons: Vec<_> = plan.skipped.iter().map(|s| (s.addr - base, s.reason)).collect();
+        assert_eq!(
+            reasons,
+            vec![(2 * MIB, SkipReason::PinnedByOther), (4 * MIB + MIB / 2, SkipReason::PinnedByOther), (4 * MIB, SkipReason::PartlyPinnedElsewhere)]
+        );
+    }
+
+    #[test]
+    fn the_budget_cuts_between_storages_never_inside_one() {
+        // Three adjacent 3 MiB storages (one run) and 7 MiB of room: two fit, the third is left
+        // whole (a cut inside it would leave a storage registered in part).
+        let base = 0x1000_0000;
+        let input = [range(base, 3 * MIB, 1, 0), range(base + 3 * MIB, 3 * MIB, 1, 0), range(base + 6 * MIB, 3 * MIB, 1, 0)];
+        let plan = plan(&input, &[], &rules(7 * MIB));
+        assert_eq!(plan.regions.iter().map(|r| (r.addr - base, r.len)).collect::<Vec<_>>(), vec![(0, 6 * MIB)]);
+        assert_eq!(plan.skipped, vec![Skipped { addr: base + 6 * MIB, len: 3 * MIB, owner: 1, reason: SkipReason::OverBudget }]);
+        // A smaller storage further on still fits in the room left.
+        let with_small = [input[0], input[1], input[2], range(0x2000_0000, MIB, 1, 0)];
+        assert_eq!(super::plan(&with_small, &[], &rules(7 * MIB)).planned_bytes, 7 * MIB);
     }
 
     #[test]
     fn priority_decides_who_fits() {
-        let input = [range(0x1000_0000, 8 * MIB, 1, 0), range(0x2000_0000, 8 * MIB, 2, 5)];
+        let input = [range(0x1000_0000, 8 * MIB, 1, 0), range(0x2000_0000, 8 * MIB, 2, 5), range(0x3000_0000, 2 * MIB, 1, 0)];
         let plan = plan(&input, &[], &rules(10 * MIB));
-        assert_eq!(plan.regions[0].owner, 2);
-        assert_eq!(plan.regions[0].len, 8 * MIB);
-        assert_eq!(plan.regions[1].len, 2 * MIB); // cut to the room left
-        assert_eq!(plan.planned_bytes, 10 * MIB);
-        assert_eq!(plan.skipped, vec![Skipped { addr: 0x1000_0000 + 2 * MIB, len: 6 * MIB, owner: 1, reason: SkipReason::OverBudget }]);
+        assert_eq!(plan.regions.iter().map(|r| (r.owner, r.len)).collect::<Vec<_>>(), vec![(2, 8 * MIB), (1, 2 * MIB)]);
+        assert_eq!(plan.skipped, vec![Skipped { addr: 0x1000_0000, len: 8 * MIB, owner: 1, reason: SkipReason::OverBudget }]);
     }
 
     #[test]
-    fn large_regions_split_and_small_ones_skip() {
-        let input = [range(0x1000_0000, 150 * MIB, 1, 0), range(0x9000_0000, 4096, 1, 0)];
+    fn large_regions_split_between_storages_and_small_ones_skip() {
+        // 150 MiB of 10 MiB storages split at 64 MiB boundaries that fall between storages.
+        let mut input: Vec<HostRange> = (0..15).map(|i| range(0x1000_0000 + i * 10 * MIB, 10 * MIB, 1, 0)).collect();
+        input.push(range(0x9000_0000, 4096, 1, 0));
+        // One storage larger than a region: a registration of its own.
+        input.push(range(0xA000_0000, 100 * MIB, 1, 0));
         let plan = plan(&input, &[], &rules(u64::MAX));
         let lens: Vec<_> = plan.regions.iter().map(|r| r.len / MIB).collect();
-        assert_eq!(lens, vec![64, 64, 22]);
+        assert_eq!(lens, vec![60, 60, 30, 100]);
         assert_eq!(plan.skipped[0].reason, SkipReason::TooSmall);
+        for region in &plan.regions {
+            for &s in &region.sources {
+                assert!(input[s].addr >= region.addr && input[s].end() <= region.addr + region.len);
+            }
+        }
     }
 
     #[test]
-    fn read_only_and_unmapped_are_refused() {
+    fn read_only_unmapped_and_too_large_are_refused() {
         let mut ro = range(0x1000_0000, MIB, 1, 0);
         ro.kind = MemoryKind::ReadOnly;
         let mut dev = range(0x2000_0000, MIB, 1, 0);
         dev.kind = MemoryKind::Special;
-        let plan_cuda = plan(&[ro, dev], &[], &rules(u64::MAX));
+        let huge = range(0x1_0000_0000_0000, MAX_ONE_REGISTRATION + 4096, 1, 0);
+        let plan_cuda = plan(&[ro, dev, huge], &[], &rules(u64::MAX));
         assert!(plan_cuda.regions.is_empty());
         let reasons: Vec<_> = plan_cuda.skipped.iter().map(|s| s.reason).collect();
-        assert_eq!(reasons, vec![SkipReason::ReadOnlyFileMapping, SkipReason::NotHostMemory]);
+        assert_eq!(reasons, vec![SkipReason::ReadOnlyFileMapping, SkipReason::NotHostMemory, SkipReason::TooLarge]);
         let plan_lock = plan(&[ro], &[], &Rules { read_only_ok: true, ..rules(u64::MAX) });
         assert_eq!(plan_lock.planned_bytes, MIB);
+    }
+
+    #[test]
+    fn skip_summaries_group_by_reason() {
+        let skipped = [
+            Skipped { addr: 0, len: 10, owner: 1, reason: SkipReason::TooSmall },
+            Skipped { addr: 20, len: 5, owner: 1, reason: SkipReason::OverBudget },
+            Skipped { addr: 40, len: 7, owner: 1, reason: SkipReason::TooSmall },
+        ];
+        let summary = summarize_skips(&skipped);
+        assert_eq!(summary, vec![SkipSummary::new("over_budget", "over budget", 5, 1), SkipSummary::new("too_small", "too small to be worth a registration", 17, 2)]);
     }
 
     fn arb_input() -> impl Strategy<Value = (Vec<HostRange>, Vec<Pinned>, u64)> {
@@ -346,6 +499,21 @@ mod tests {
             m.into_iter().map(|(slot, (pages, owner))| Pinned { addr: 0x1000_0000 + slot * (1 << 20), len: pages * 4096, owner }).collect::<Vec<_>>()
         });
         (ranges, pinned, 0u64..(64 << 20))
+    }
+
+    /// Disjoint, page-aligned storages of one owner and priority (as one model's weights are).
+    fn arb_model() -> impl Strategy<Value = Vec<HostRange>> {
+        proptest::collection::vec((0u64..3, 16u64..300), 1..30).prop_map(|v| {
+            let mut addr = 0x4000_0000u64;
+            v.into_iter()
+                .map(|(gap_pages, pages)| {
+                    addr += gap_pages * 4096;
+                    let r = range(addr, pages * 4096, 7, 0);
+                    addr += pages * 4096;
+                    r
+                })
+                .collect()
+        })
     }
 
     proptest! {
@@ -364,25 +532,68 @@ mod tests {
                 prop_assert!(pair[0].addr + pair[0].len <= pair[1].addr);
             }
             for region in &plan.regions {
-                prop_assert!(region.len > 0 && region.len <= rules.max_region_bytes);
-                // Its sources are the owner's ranges that it touches.
+                prop_assert!(region.len > 0);
                 prop_assert!(!region.sources.is_empty());
+                // Every byte of it lies in its sources, which are the owner's and lie wholly inside.
+                let source_spans: Vec<(u64, u64)> = region.sources.iter().map(|&s| (ranges[s].addr, ranges[s].end())).collect();
+                prop_assert!(spans::covers(&source_spans, region.addr, region.addr + region.len));
                 for &s in &region.sources {
                     prop_assert_eq!(ranges[s].owner, region.owner);
-                    let r = &ranges[s];
-                    prop_assert!(r.addr < region.addr + region.len && region.addr < r.addr + r.len);
+                    prop_assert!(ranges[s].addr >= region.addr && ranges[s].end() <= region.addr + region.len);
                 }
-                // Every byte of it lies in some input range of the owner.
-                let mut cursor = region.addr;
-                let mut owned: Vec<_> = ranges.iter().filter(|r| r.owner == region.owner).collect();
-                owned.sort_by_key(|r| r.addr);
-                for r in owned { if r.addr <= cursor && cursor < r.addr + r.len { cursor = r.addr + r.len; } }
-                prop_assert!(cursor >= region.addr + region.len);
+                // Larger than a region only when no storage boundary within the first
+                // max_region_bytes could end it (storages overlap there, or one is that large).
+                if region.len > rules.max_region_bytes {
+                    let limit = region.addr + rules.max_region_bytes;
+                    for &s in &region.sources {
+                        let cut = ranges[s].end();
+                        let straddled = region.sources.iter().any(|&o| ranges[o].addr < cut && cut < ranges[o].end());
+                        prop_assert!(cut > limit || straddled || cut == region.addr + region.len, "region {:?} could have been cut at {}", region, cut);
+                    }
+                }
                 // Never over a live registration.
                 for p in &pinned { prop_assert!(p.addr + p.len <= region.addr || region.addr + region.len <= p.addr); }
             }
+            // Whole storages: a range whose first byte is registered lies wholly inside that
+            // registration (a storage whose start is not registered copies as pageable memory).
+            // Storages of two owners (or of two priorities) that overlap cannot both be whole
+            // (never so in practice: one storage is one model's): not checked.
+            let pinned_spans = spans::from_lengths(pinned.iter().map(|p| (p.addr, p.len)));
+            let skipped_spans = spans::from_lengths(plan.skipped.iter().map(|s| (s.addr, s.len)));
+            let straddles = |r: &HostRange| ranges.iter().any(|o| (o.owner, o.priority) != (r.owner, r.priority) && o.addr < r.end() && r.addr < o.end());
+            for r in &ranges {
+                if let Some(g) = plan.regions.iter().find(|g| g.addr <= r.addr && r.addr < g.addr + g.len) {
+                    prop_assert!(r.end() <= g.addr + g.len || straddles(r), "range {:?} registered in part", r);
+                }
+                // ... and what is not planned is accounted for: already pinned or skipped.
+                let planned = plan.regions.iter().any(|g| g.sources.iter().any(|&s| ranges[s] == *r));
+                if !planned {
+                    let accounted: Vec<(u64, u64)> = pinned_spans.iter().chain(&skipped_spans).copied()
+                        .chain(plan.regions.iter().map(|g| (g.addr, g.addr + g.len))).collect();
+                    prop_assert!(spans::covers(&accounted, r.addr, r.end()), "range {:?} neither planned nor skipped", r);
+                }
+            }
             // Deterministic.
             prop_assert_eq!(&plan, &super::plan(&ranges, &pinned, &rules));
+        }
+
+        #[test]
+        fn a_model_fills_the_room_up_to_one_storage(model in arb_model(), room_pages in 0u64..3000) {
+            let rules = Rules { room_bytes: room_pages * 4096, max_region_bytes: 1 << 20, min_region_bytes: 4096, read_only_ok: false };
+            let plan = plan(&model, &[], &rules);
+            let total: u64 = model.iter().map(|r| r.len).sum();
+            if rules.room_bytes >= total {
+                // Room for everything: everything is planned, nothing skipped.
+                prop_assert_eq!(plan.planned_bytes, total);
+                prop_assert!(plan.skipped.is_empty());
+            } else {
+                // Greedy in address order within one run: what is left out could not have fit
+                // (the first storage left out is larger than the room left).
+                let first_left = model.iter().find(|r| !plan.regions.iter().any(|g| r.addr >= g.addr && r.end() <= g.addr + g.len));
+                if let Some(first_left) = first_left {
+                    prop_assert!(first_left.len > rules.room_bytes - plan.planned_bytes);
+                }
+            }
         }
     }
 }

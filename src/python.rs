@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use crate::backend::cuda;
 use crate::backend::faults::Faults;
 use crate::backend::BackendChoice;
-use crate::budget::{Policy, GIB};
+use crate::budget::{self, Policy};
 use crate::engine::{Engine, Request};
 use crate::error::VikingError;
 use crate::ledger::Keepalive;
@@ -59,11 +59,11 @@ fn address_like(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     u64::try_from(number).map_err(|_| PyValueError::new_err(format!("{what} is {number}; it must be between 0 and 2**64-1")))
 }
 
-fn gib_to_bytes(gib: f64, what: &str) -> PyResult<Option<u64>> {
-    if !gib.is_finite() || gib < 0.0 || gib > (1u64 << 20) as f64 {
-        return Err(PyValueError::new_err(format!("{what} is {gib}; give GiB between 0 (no cap) and 1048576")));
-    }
-    Ok((gib > 0.0).then(|| (gib * GIB as f64) as u64))
+/// The one rule for sizes in GiB (see `budget::gib_to_bytes`), for the node inputs that only
+/// Python uses (a VRAM cap): bytes, or ValueError with what to change.
+#[pyfunction]
+fn gib_to_bytes(name: &str, gib: f64) -> PyResult<u64> {
+    Ok(budget::gib_to_bytes(name, gib)?)
 }
 
 /// Sets the shared budget. budget_gib: 0 = auto; share: of RAM, 0 = unused; headroom_gib:
@@ -79,9 +79,12 @@ fn configure(py: Python<'_>, budget_gib: f64, share: f64, headroom_gib: f64, dev
 }
 
 /// Makes `owner`'s pins match `ranges` (an iterable of (data_ptr, nbytes, keepalive) whose
-/// keepalive owns the memory, e.g. the tensor's untyped storage). Returns the report as JSON.
+/// keepalive owns the memory, e.g. the tensor's untyped storage). `model_limit_gib`: this
+/// model's own limit (0: none; the shared budget is `configure(budget_gib=...)`). `foreign`:
+/// ranges seen pinned (ComfyUI's, or any `is_pinned()` storage: Viking's own are taken out).
+/// Returns the report as JSON.
 #[pyfunction]
-#[pyo3(signature = (owner, ranges, priority = 0, backend = "auto", label = "", owner_cap_gib = 0.0, foreign = Vec::new(), others_pinned_bytes = 0))]
+#[pyo3(signature = (owner, ranges, priority = 0, backend = "auto", label = "", model_limit_gib = 0.0, foreign = Vec::new(), others_pinned_bytes = 0))]
 #[allow(clippy::too_many_arguments)]
 fn reconcile(
     py: Python<'_>,
@@ -90,12 +93,12 @@ fn reconcile(
     priority: i32,
     backend: &str,
     label: &str,
-    owner_cap_gib: f64,
+    model_limit_gib: f64,
     foreign: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
     others_pinned_bytes: u64,
 ) -> PyResult<String> {
     let backend = BackendChoice::parse(backend)?;
-    let owner_cap_bytes = gib_to_bytes(owner_cap_gib, "owner_cap_gib")?;
+    let model_limit_bytes = Some(budget::gib_to_bytes("model_limit_gib", model_limit_gib)?).filter(|&bytes| bytes > 0);
     let mut parsed = Vec::new();
     for (index, item) in ranges.try_iter()?.enumerate() {
         let item = item?;
@@ -109,7 +112,7 @@ fn reconcile(
     for (index, (addr, len)) in foreign.iter().enumerate() {
         foreign_ranges.push((address_like(addr, &format!("foreign[{index}].ptr"))?, address_like(len, &format!("foreign[{index}].nbytes"))?));
     }
-    let request = Request { owner, label: label.to_owned(), priority, backend, owner_cap_bytes, ranges: parsed, foreign: foreign_ranges, others_pinned_bytes };
+    let request = Request { owner, label: label.to_owned(), priority, backend, model_limit_bytes, ranges: parsed, foreign: foreign_ranges, others_pinned_bytes };
     guarded(py, || engine().reconcile(request).and_then(|report| to_json(&report)))
 }
 
@@ -143,10 +146,22 @@ fn cuda_device_count(py: Python<'_>) -> PyResult<i32> {
 #[pyfunction]
 fn device_pointer(py: Python<'_>, addr: &Bound<'_, PyAny>) -> PyResult<u64> {
     let addr = address_like(addr, "addr")?;
-    guarded(py, || {
-        let backend = engine().lock().cuda()?;
-        backend.device_pointer(addr)
-    })
+    guarded(py, || engine().device_pointer(addr))
+}
+
+/// Relieves memory pressure now: releases the lowest-priority pins if available RAM is below
+/// the headroom. Returns the bytes released. The caller picks a moment when no copy to the GPU
+/// can read them (ComfyUI's side: its execution thread, or while no prompt runs).
+#[pyfunction]
+fn relieve_pressure(py: Python<'_>) -> PyResult<u64> {
+    guarded(py, || Ok(engine().relieve_pressure()))
+}
+
+/// Whether the native pressure monitor (a thread, twice a second) releases pins itself
+/// (True, the default) or leaves it to `relieve_pressure()` calls.
+#[pyfunction]
+fn set_monitor_releases(on: bool) {
+    engine().set_monitor_releases(on);
 }
 
 /// Test-only fault injection: fail the Nth pin / unpin from now, or act as if the device
@@ -157,14 +172,15 @@ fn _set_faults(fail_pin_nth: u64, fail_unpin_nth: u64, device_lost: bool) {
     engine().set_faults(Faults { fail_pin_nth, fail_unpin_nth, device_lost });
 }
 
-/// Releases low-priority pins while available RAM is below the headroom; twice a second.
+/// Releases low-priority pins while available RAM is below the headroom; twice a second
+/// (unless the caller took that over: `set_monitor_releases(False)`).
 fn start_pressure_monitor() {
     static STARTED: OnceLock<()> = OnceLock::new();
     STARTED.get_or_init(|| {
         let _ = std::thread::Builder::new().name("viking-pressure".into()).spawn(|| loop {
             std::thread::sleep(std::time::Duration::from_millis(500));
             // A panic here must not kill the thread's loop or cross into Python.
-            let _ = catch_unwind(|| engine().relieve_pressure());
+            let _ = catch_unwind(|| engine().monitor_round());
         });
     });
 }
@@ -182,6 +198,9 @@ fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(status_json, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(device_pointer, m)?)?;
+    m.add_function(wrap_pyfunction!(relieve_pressure, m)?)?;
+    m.add_function(wrap_pyfunction!(set_monitor_releases, m)?)?;
+    m.add_function(wrap_pyfunction!(gib_to_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(_set_faults, m)?)?;
     start_pressure_monitor();
     // Release every pin at interpreter exit, while the memory is still alive.

@@ -101,7 +101,7 @@ def test_weights_that_move_are_released():
     [
         (dict(budget_gib=-1.0), "budget_gib is -1"),
         (dict(budget_gib=float("nan")), "budget_gib is NaN"),
-        (dict(budget_gib=1e12), "more than any machine has"),
+        (dict(budget_gib=1e12), "give a number of GiB from 0 \\(auto\\) to 1048576"),
         (dict(headroom_gib=float("nan")), "headroom_gib is NaN"),
         (dict(share=2.0), "share of RAM is 2"),
         (dict(device=99), "CUDA device 99 does not exist"),

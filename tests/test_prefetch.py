@@ -5,7 +5,8 @@ measured in bench/comfy_vram_cap.py and checked by tests/test_gpu_streaming.py t
 
 import torch
 
-from comfy_node.prefetch import Prefetcher, streamed_modules
+from comfy_node.comfy import streamed_modules
+from comfy_node.prefetch import Prefetcher
 
 WIDTH = 64
 

@@ -1,6 +1,9 @@
-"""The per-model VRAM cap through ComfyUI's real model management (CPU here: ComfyUI's load
-device is the CPU, but the partial-load path is the same): at each cap the weights ComfyUI
-loads stay under it, and the forward pass gives the same bits as with no cap."""
+"""The per-model VRAM cap through ComfyUI's real model management, on the CPU: ComfyUI's load
+device is the CPU here, but its partial-load path is the same. What can be seen without a GPU:
+at each cap the weights ComfyUI loads stay under it and the rest streams; after an unpin the
+cap is gone with the model's record (before, it kept capping a model Viking no longer pinned).
+Bit-identity of the outputs needs weights that really leave RAM: it is checked on the GPU
+(tests/test_gpu_streaming.py runs the same bench there)."""
 
 import json
 import subprocess
@@ -12,13 +15,16 @@ from comfy_server import COMFY_DIR, REPO_ROOT
 
 
 @pytest.mark.skipif(not (COMFY_DIR / "main.py").exists(), reason="no ComfyUI tree: run scripts/setup_env.sh")
-def test_cap_holds_and_outputs_are_bit_identical(tmp_path):
+def test_cap_holds_and_is_gone_after_unpin(tmp_path):
     out = tmp_path / "cap.json"
     run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "comfy_vram_cap.py"), str(COMFY_DIR), str(out), "--cpu"],
                          capture_output=True, text=True, timeout=600)
     assert out.exists(), run.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["ok"] and run.returncode == 0, result["rows"]
+    assert run.returncode == 0, result["rows"]
+    assert [row["cap_gib"] for row in result["rows"]] == [0.002, 0.005]
     for row in result["rows"]:
-        assert 0 < row["loaded_bytes"] <= row["cap_gib"] * (1 << 30) < result["model_bytes"]
-        assert row["streamed_bytes"] > 0 and row["identical"]
+        assert 0 < row["loaded_bytes"] <= row["weights_cap_bytes"] < result["model_bytes"], row
+        assert row["streamed_bytes"] == result["model_bytes"] - row["loaded_bytes"] > 0, row
+        assert row["viking_pinned_bytes"] > 0, row
+    assert result["after_unpin_loaded_bytes"] > max(r["weights_cap_bytes"] for r in result["rows"]), result

@@ -133,7 +133,8 @@ impl Backend for CudaBackend {
     }
 
     /// Never read-only memory: registering a private read-only file mapping hung for more than
-    /// 90 s on an H200 (FACTS section 1).
+    /// 90 s on an H200 with PORTABLE|READ_ONLY, and failed at once with "invalid argument" with
+    /// PORTABLE alone (driver 580).
     fn accepts(&self, kind: MemoryKind) -> bool {
         matches!(kind, MemoryKind::Anonymous | MemoryKind::PrivateFile | MemoryKind::SharedWritable)
     }

@@ -1,5 +1,6 @@
 //! Raw CUDA driver calls. The driver API, not the runtime: a failed call leaves no sticky
-//! "last error" for PyTorch to trip over later (FACTS section 1).
+//! "last error" for PyTorch to trip over later (a failed cudaHostRegister through the runtime
+//! API makes PyTorch raise that error from an unrelated later call).
 
 use std::ffi::{c_void, CStr};
 

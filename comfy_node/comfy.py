@@ -1,0 +1,411 @@
+"""The seam: the one module that reads or wraps ComfyUI's internals (model management, the
+ModelPatcher, ops, memory management, the prompt queue) and torch's private helpers.
+
+Everything that differs between ComfyUI versions and modes is decided here, once, and the rest
+of Viking asks in its own words: "which weights of this model sit in RAM", "which ones does
+ComfyUI pin itself", "is this model hook-patched", "is a prompt running". `host()` says which
+ComfyUI this is (version, mode) and the status reports it. A ComfyUI whose internals lack what
+a feature needs makes that feature stand aside with the reason, never guess.
+
+Versions seen: 0.3.75 (Nov 2025) and 0.33 (Aug 2026), static ModelPatcher path and --cpu;
+0.33's dynamic VRAM mode (comfy-aimdo) is detected and reported.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import weakref
+from dataclasses import dataclass, field
+
+log = logging.getLogger("viking_engine")
+
+
+# --- which ComfyUI ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Host:
+    """The ComfyUI Viking runs in, as found at start."""
+    version: str | None  # comfyui_version.__version__; None outside ComfyUI
+    mode: str  # "static" (ModelPatcher moves weights), "dynamic" (comfy-aimdo), "cpu", "none"
+    notes: tuple[str, ...] = field(default_factory=tuple)  # what stands aside, and why
+
+    def as_dict(self) -> dict:
+        return {"version": self.version, "mode": self.mode, "notes": list(self.notes)}
+
+
+def _model_management():
+    try:
+        import comfy.model_management as mm
+    except ImportError:
+        return None
+    return mm
+
+
+def _memory_management():
+    try:
+        import comfy.memory_management as memory_management
+    except ImportError:
+        return None
+    return memory_management
+
+
+def dynamic_vram_enabled() -> bool:
+    """ComfyUI 0.33's dynamic VRAM (comfy-aimdo): weights stay in read-only file mappings and
+    ComfyUI pins copies of them in its own host buffers."""
+    memory_management = _memory_management()
+    return bool(getattr(memory_management, "aimdo_enabled", False))
+
+
+@functools.lru_cache(maxsize=1)
+def _version() -> str | None:
+    try:
+        import comfyui_version
+    except ImportError:
+        return None
+    return str(getattr(comfyui_version, "__version__", None) or "unknown")
+
+
+def host() -> Host:
+    """Which ComfyUI and mode this is. Cheap: called for every status."""
+    mm = _model_management()
+    if mm is None:
+        return Host(version=None, mode="none", notes=("not inside ComfyUI",))
+    notes = []
+    if dynamic_vram_enabled():
+        mode = "dynamic"
+        notes.append("ComfyUI dynamic VRAM mode pins its own copies of the weights (read-only file mappings): "
+                     "Viking leaves those weights alone")
+    elif getattr(mm, "cpu_state", None) == getattr(getattr(mm, "CPUState", None), "CPU", object()):
+        mode = "cpu"
+    else:
+        mode = "static"
+    if not _partially_load_takes_extra_memory():
+        notes.append("ModelPatcher.partially_load has no extra_memory parameter: the VRAM cap stands aside")
+    return Host(version=_version(), mode=mode, notes=tuple(notes))
+
+
+# --- models and their weights -------------------------------------------------------------------
+
+def patcher_of(value, kind: str):
+    """The ModelPatcher behind a MODEL / CLIP / VAE input, or a ValueError that says what to do."""
+    from comfy.model_patcher import ModelPatcher
+
+    patcher = value if kind == "MODEL" else getattr(value, "patcher", None)
+    if not isinstance(patcher, ModelPatcher):
+        what = type(value).__module__ + "." + type(value).__name__
+        raise ValueError(
+            f"Viking Pin {kind.title()} needs a ComfyUI {kind} input backed by a ModelPatcher, "
+            f"but the connected node gave a {what}. Connect the {kind} output of a loader node "
+            f"(e.g. Load Checkpoint) instead."
+        )
+    return patcher
+
+
+def owner_of(patcher) -> int:
+    """Clones of a ModelPatcher share one torch module: that module owns the pins."""
+    return id(patcher.model)
+
+
+def torch_model(patcher):
+    return patcher.model
+
+
+def is_dynamic(patcher) -> bool:
+    """A patcher of ComfyUI's dynamic VRAM mode (its weights are ComfyUI's own pinned copies)."""
+    is_dynamic_method = getattr(patcher, "is_dynamic", None)
+    return bool(is_dynamic_method()) if callable(is_dynamic_method) else False
+
+
+def comfy_owned_storage(tensor) -> bool:
+    """Storage that ComfyUI's dynamic mode maps or pins itself (a file slice or a host buffer)."""
+    storage = tensor.untyped_storage()
+    return hasattr(storage, "_comfy_tensor_file_slice") or hasattr(storage, "_comfy_hostbuf")
+
+
+def named_weights(module):
+    """(name, tensor) of a torch module's parameters and buffers."""
+    from itertools import chain
+
+    return chain(module.named_parameters(), module.named_buffers())
+
+
+def patch_backups(patcher) -> dict:
+    """Weight name -> the original weight ComfyUI keeps while a LoRA-style patch is applied."""
+    return getattr(patcher, "backup", {}) or {}
+
+
+def backup_weights(patcher) -> list:
+    return [w for w in (getattr(b, "weight", None) for b in patch_backups(patcher).values()) if w is not None]
+
+
+def hook_patched_keys(patcher) -> set:
+    """Weights a hook patch (CreateHookLora, SetClipHooks, scheduled hooks) holds patched now."""
+    return set(getattr(patcher, "hook_backup", {}) or {})
+
+
+def weight_hooks(patcher) -> bool:
+    """Whether hook patches may write this model's weights in place during sampling (per cond
+    group and per step): registered on the patcher, or applied right now."""
+    return bool(getattr(patcher, "hook_patches", None)) or bool(getattr(patcher, "hook_backup", None))
+
+
+def sampling_patcher(model):
+    """The patcher that last started sampling with this torch model (ModelPatcher.pre_run sets
+    `current_patcher`), or None."""
+    return getattr(model, "current_patcher", None)
+
+
+def patched_in_place(patcher, name: str) -> bool:
+    """ComfyUI patches this weight by writing into it (weight_inplace_update)."""
+    return bool(getattr(patcher, "weight_inplace_update", False)) and name in (getattr(patcher, "patches", {}) or {})
+
+
+def load_device_type(patcher) -> str:
+    return getattr(getattr(patcher, "load_device", None), "type", "cpu")
+
+
+def load_device(patcher):
+    return getattr(patcher, "load_device", None)
+
+
+def runs_on_gpu(patcher) -> bool:
+    return load_device_type(patcher) != "cpu"
+
+
+def offloads_to_ram(patcher) -> bool:
+    """Weights go back to RAM when unloaded (not --gpu-only, not --cpu)."""
+    return getattr(getattr(patcher, "offload_device", None), "type", None) == "cpu" and runs_on_gpu(patcher)
+
+
+def weights_in_vram_bytes(patcher) -> int | None:
+    """Bytes of the model's weights in VRAM now; None when it runs on the CPU ("loaded" there
+    means loaded into RAM)."""
+    return int(patcher.loaded_size()) if runs_on_gpu(patcher) else None
+
+
+def loaded_weight_bytes(patcher) -> int:
+    """What ComfyUI counts as loaded to the load device (the VRAM cap's measure)."""
+    return int(getattr(patcher.model, "model_loaded_weight_memory", 0) or 0)
+
+
+def model_bytes(patcher) -> int:
+    return int(patcher.model_size())
+
+
+def offload_buffer_bytes(patcher) -> int:
+    """The VRAM ComfyUI reserves for streaming this model's offloaded weights (0 if unknown)."""
+    return int(getattr(patcher.model, "model_offload_buffer_memory", 0) or 0)
+
+
+def streamed_modules(model) -> list:
+    """Modules whose weights ComfyUI casts (streams) to the device at each use, with plain CPU
+    tensors for weight and bias (quantized / fp8-scaled weights keep ComfyUI's own path)."""
+    import torch
+
+    def plain(tensor):
+        return tensor is not None and type(tensor.data) is torch.Tensor and tensor.device.type == "cpu"
+
+    found = []
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if getattr(module, "comfy_cast_weights", False) and plain(weight):
+            bias = getattr(module, "bias", None)
+            if bias is None or plain(bias):
+                found.append(module)
+    return found
+
+
+def diffusion_root(patcher):
+    """The module whose forward is one sampling step."""
+    return patcher.model.diffusion_model if hasattr(patcher.model, "diffusion_model") else patcher.model
+
+
+def module_to_target(args, kwargs):
+    """The device of a Module.to(...) call, or None (a dtype-only call)."""
+    import torch
+
+    return torch._C._nn._parse_to(*args, **kwargs)[0]
+
+
+def compatible_for_data_swap(weight, saved) -> bool:
+    """Whether `weight.data = saved` works (Module.to's own test)."""
+    import torch
+
+    return torch._has_compatible_shallow_copy_type(weight, saved)
+
+
+# --- ComfyUI's own pinning ----------------------------------------------------------------------
+
+def foreign_pins() -> tuple[list[tuple[int, int]], int]:
+    """ComfyUI's own registrations (ptr, size) and their total: never touched, counted in the
+    budget. 0.3.75 and 0.33 static keep them in PINNED_MEMORY / TOTAL_PINNED_MEMORY."""
+    mm = _model_management()
+    if mm is None:
+        return [], 0
+    pinned = dict(getattr(mm, "PINNED_MEMORY", {}) or {})
+    ranges = [(int(ptr), int(size)) for ptr, size in pinned.items() if ptr and size]
+    return ranges, int(getattr(mm, "TOTAL_PINNED_MEMORY", 0) or 0)
+
+
+def synchronize_devices():
+    """Waits for every queued CUDA copy (one may read host memory about to be unpinned)."""
+    try:
+        import torch
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - no CUDA build or no device: nothing in flight
+        pass
+
+
+# --- callbacks and instance wrappers ------------------------------------------------------------
+
+def _extension():
+    import comfy.patcher_extension as ext
+
+    return ext
+
+
+def attach_callbacks(patcher, key: str, on_event, on_clone, on_pre_run):
+    """Viking's keyed callbacks on one patcher (once). Events after which weights may have
+    moved: ON_LOAD (end of a load), ON_DETACH (unload back to RAM, and on re-use), ON_CLEANUP
+    (after sampling), ON_INJECT_MODEL (end of load / partially_load / partially_unload / detach,
+    through a no-op injection: partially_unload has no callback of its own). ON_PRE_RUN (start
+    of sampling) and ON_CLONE (clones get the instance wrappers again)."""
+    ext = _extension()
+    events = {ext.CallbacksMP.ON_LOAD: on_event, ext.CallbacksMP.ON_DETACH: on_event,
+              ext.CallbacksMP.ON_CLEANUP: on_event, ext.CallbacksMP.ON_INJECT_MODEL: on_event,
+              ext.CallbacksMP.ON_PRE_RUN: on_pre_run, ext.CallbacksMP.ON_CLONE: on_clone}
+    for event, callback in events.items():
+        if not patcher.get_callbacks(event, key):
+            patcher.add_callback_with_key(event, key, callback)
+    if hasattr(patcher, "set_injections") and key not in (getattr(patcher, "injections", {}) or {}):
+        noop = _noop
+        patcher.set_injections(key, [ext.PatcherInjection(inject=noop, eject=noop)])
+
+
+def _noop(_patcher):
+    pass
+
+
+def wrap_instance_method(patcher, name: str, make_body) -> bool:
+    """Puts a wrapper on this one patcher instance as `name`, over whatever is there now:
+    another node's instance wrapper is composed, not replaced, and Viking's own is never
+    stacked twice. `make_body(inner)` returns `body(this, *args, **kwargs)`, which calls
+    `inner(this, *args, **kwargs)` to go on; the wrapper holds the patcher only weakly. Returns
+    False when the patcher has no such method."""
+    current = vars(patcher).get(name)
+    if current is not None and getattr(current, "_viking", False):
+        return True
+    if current is not None:
+        def inner(_this, *args, **kwargs):
+            return current(*args, **kwargs)
+    else:
+        inner = getattr(type(patcher), name, None)
+        if inner is None:
+            return False
+    weak = weakref.ref(patcher)
+    body = make_body(inner)
+
+    def wrapper(*args, **kwargs):
+        return body(weak(), *args, **kwargs)
+
+    wrapper._viking = True
+    wrapper.__name__ = name
+    setattr(patcher, name, wrapper)
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _partially_load_signature():
+    try:
+        from comfy.model_patcher import ModelPatcher
+    except ImportError:
+        return None
+    try:
+        return inspect.signature(ModelPatcher.partially_load)
+    except (TypeError, ValueError):
+        return None
+
+
+def _partially_load_takes_extra_memory() -> bool:
+    signature = _partially_load_signature()
+    return signature is None or "extra_memory" in signature.parameters
+
+
+def with_extra_memory(args: tuple, kwargs: dict, adjust):
+    """Arguments of a `partially_load(device_to, extra_memory, ...)` call (without self) with
+    `extra_memory` replaced by `adjust(offered)`. ComfyUI passes it by position or by name;
+    any other parameters ride along unchanged. None when this ComfyUI has no such parameter."""
+    signature = _partially_load_signature()
+    if signature is None or "extra_memory" not in signature.parameters:
+        return None
+    names = [n for n in signature.parameters if n != "self"]
+    position = names.index("extra_memory")
+    args, kwargs = list(args), dict(kwargs)
+    if len(args) > position:
+        args[position] = adjust(args[position])
+    else:
+        default = signature.parameters["extra_memory"].default
+        kwargs["extra_memory"] = adjust(kwargs.get("extra_memory", 0 if default is inspect.Parameter.empty else default))
+    return tuple(args), kwargs
+
+
+# --- ComfyUI's model management and server ------------------------------------------------------
+
+def loaded_patchers():
+    """The ModelPatchers ComfyUI has loaded now."""
+    mm = _model_management()
+    for loaded in list(getattr(mm, "current_loaded_models", []) or []):
+        patcher = getattr(loaded, "model", None)
+        if patcher is not None and hasattr(patcher, "add_callback_with_key"):
+            yield patcher
+
+
+_after_load_callbacks: list = []
+
+
+def call_after_models_load(callback):
+    """Calls `callback()` after each `load_models_gpu` (every model ComfyUI manages loads
+    through it). ComfyUI has no global "a model was loaded" callback, and ModelPatcher callbacks
+    need the instance first, so this is the one function of ComfyUI's that Viking wraps (engine
+    mode only; installed once, on first use)."""
+    mm = _model_management()
+    if callback in _after_load_callbacks:
+        return
+    _after_load_callbacks.append(callback)
+    if getattr(mm.load_models_gpu, "_viking", False):
+        return
+    original = mm.load_models_gpu
+
+    @functools.wraps(original)
+    def load_models_gpu(*args, **kwargs):
+        result = original(*args, **kwargs)
+        for after in list(_after_load_callbacks):
+            after()
+        return result
+
+    load_models_gpu._viking = True
+    mm.load_models_gpu = load_models_gpu
+
+
+def prompt_running() -> bool:
+    """Whether ComfyUI's execution thread is running a prompt now."""
+    try:
+        from server import PromptServer
+    except ImportError:
+        return False
+    queue = getattr(getattr(PromptServer, "instance", None), "prompt_queue", None)
+    running = getattr(queue, "currently_running", None)
+    return bool(running)
+
+
+def user_settings_path() -> str | None:
+    """The default user's comfy.settings.json, where the UI saves settings."""
+    try:
+        import folder_paths
+        return os.path.join(folder_paths.get_user_directory(), "default", "comfy.settings.json")
+    except (ImportError, AttributeError):
+        return None

@@ -1,0 +1,97 @@
+"""Who may change pins, and when: no copy to the GPU may read pages while they are unregistered.
+
+ComfyUI's execution thread queues copies from pinned weights (loads, lowvram streaming, the
+prefetch) at any time during a prompt. CUDA registrations are therefore released only
+- on the execution thread itself (Viking's ModelPatcher callbacks and wrappers run there), or
+- while no prompt runs, holding `lock`, which every Viking entry point on the execution thread
+  takes too: a prompt that starts meanwhile waits at its first load or sampling start.
+A change asked for from elsewhere (an HTTP route, the engine-mode switch) while a prompt runs is
+deferred: the execution thread applies it at its next Viking callback, or the watcher applies
+it as soon as the prompt is over. Memory pressure is relieved the same way (the native monitor
+thread is told not to release on its own: `set_monitor_releases(False)`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from . import comfy
+from .native import native
+
+log = logging.getLogger("viking_engine")
+lock = threading.RLock()
+_deferred: list[tuple[str, Callable[[], object]]] = []
+_applied: list[dict] = []  # the last changes applied, where and when (for the status)
+_watcher: threading.Thread | None = None
+WATCH_SECONDS = 0.5
+
+
+def _remember(what: str, where: str):
+    _applied.append({"change": what, "applied": where, "at": round(time.time(), 3)})
+    del _applied[:-16]
+
+
+def submit(what: str, change: Callable[[], object]) -> dict:
+    """Runs `change()` now when that is safe (no prompt runs), else defers it to the execution
+    thread. Returns {"applied": True, "result": ...} or {"applied": False, "deferred": what}."""
+    with lock:
+        if not comfy.prompt_running():
+            result = change()
+            _remember(what, "at once (no prompt running)")
+            return {"applied": True, "result": result}
+        _deferred.append((what, change))
+    log.info("Viking Engine: %s waits for the running prompt", what)
+    return {"applied": False, "deferred": what}
+
+
+def deferred() -> list[str]:
+    return [what for what, _ in list(_deferred)]
+
+
+def applied() -> list[dict]:
+    return list(_applied)
+
+
+def drain(where: str):
+    """Applies the deferred changes. Call with nothing in flight that could read them: on the
+    execution thread (where == "on the execution thread"), or while no prompt runs."""
+    with lock:
+        while _deferred:
+            what, change = _deferred.pop(0)
+            try:
+                change()
+                _remember(what, where)
+            except Exception as error:  # noqa: BLE001 - one failed change must not stop the rest
+                log.warning("Viking Engine: %s failed: %s", what, error)
+        if native is not None:
+            native.relieve_pressure()
+
+
+def on_execution_thread():
+    """Every Viking entry point on ComfyUI's execution thread calls this first (holding `lock`)."""
+    if _deferred or _watcher is not None:
+        drain("on the execution thread")
+
+
+def _watch():
+    while True:
+        time.sleep(WATCH_SECONDS)
+        try:
+            with lock:
+                if not comfy.prompt_running():
+                    drain("after the prompt")
+        except Exception as error:  # noqa: BLE001 - the watcher must keep going
+            log.warning("Viking Engine: gate watcher: %s", error)
+
+
+def start():
+    """Inside a ComfyUI server: the gate takes over pressure relief from the native monitor."""
+    global _watcher
+    if _watcher is not None or native is None:
+        return
+    native.set_monitor_releases(False)
+    _watcher = threading.Thread(target=_watch, name="viking-gate", daemon=True)
+    _watcher.start()

@@ -1,0 +1,367 @@
+//! The engine: one idempotent `reconcile(owner, wanted ranges)` that makes the owner's pins
+//! match what the caller says is in RAM now, within the shared budget (`reconcile.rs`), and the
+//! status snapshot (`snapshot.rs`). It is the only place that does I/O around the pure parts
+//! (memory snapshot, /proc/self/maps) and it holds the ledger.
+
+mod reconcile;
+mod snapshot;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Serialize;
+
+use crate::backend::cuda::{self, CudaBackend};
+use crate::backend::faults::{FaultState, Faults, Faulty};
+use crate::backend::oslock::OsLock;
+use crate::backend::{Backend, BackendChoice, BackendKind};
+use crate::budget::{self, Budget, MemorySnapshot, Os, Policy};
+use crate::cgroup;
+use crate::error::{Result, VikingError};
+use crate::ledger::{Entry, Keepalive, Ledger};
+use crate::plan::SkipSummary;
+use crate::status::Counters;
+use crate::sys;
+
+/// What the caller wants pinned for one owner (one model).
+pub struct Request {
+    pub owner: u64,
+    /// A name for people ("flux1-dev.safetensors (MODEL)").
+    pub label: String,
+    pub priority: i32,
+    pub backend: BackendChoice,
+    /// This model's own limit: at most this many bytes for this owner; `None`: only the shared
+    /// budget applies.
+    pub model_limit_bytes: Option<u64>,
+    /// (addr, len) of each storage, with what keeps it alive.
+    pub ranges: Vec<(u64, u64, Keepalive)>,
+    /// Ranges the caller saw pinned (ComfyUI's registrations; CUDA also reports Viking's own
+    /// pins as pinned): never touched. The bytes Viking holds itself are taken out here.
+    pub foreign: Vec<(u64, u64)>,
+    /// All bytes others hold pinned in this process (ComfyUI's total), for the budget.
+    pub others_pinned_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub owner: u64,
+    pub backend: Option<BackendKind>,
+    pub wanted_bytes: u64,
+    pub pinned_bytes: u64,
+    pub newly_pinned_bytes: u64,
+    pub released_bytes: u64,
+    pub regions_registered: usize,
+    pub failures: Vec<String>,
+    pub skipped: Vec<SkipSummary>,
+    /// Other owners' pins given up to make room: (owner, bytes).
+    pub evicted: Vec<(u64, u64)>,
+    pub budget: Budget,
+}
+
+/// What the status keeps about each owner between calls.
+#[derive(Debug, Clone, Default)]
+struct OwnerRecord {
+    label: String,
+    priority: i32,
+    wanted_bytes: u64,
+    /// The owner's ranges as last reconciled, merged (no references: only for residency).
+    ranges: Vec<(u64, u64)>,
+    skipped: Vec<SkipSummary>,
+}
+
+struct State {
+    ledger: Ledger,
+    policy: Policy,
+    device: i32,
+    owners: BTreeMap<u64, OwnerRecord>,
+    counters: Counters,
+    events: Vec<String>,
+    /// Bytes pinned by others in this process, as of the last reconcile (ours never counted).
+    foreign_bytes: u64,
+    /// Pins released because of memory pressure since it began; 0 when there is none.
+    given_back_under_pressure: u64,
+    /// (pswpin, pswpout) when the engine started, and at the last marked status.
+    swaps_at_start: Option<(u64, u64)>,
+    swaps_at_last_run: Option<(u64, u64)>,
+    /// CUDA registrations also map into the device (DEVICEMAP); see CudaBackend.
+    cuda_devicemap: bool,
+    cuda: Option<std::result::Result<Arc<CudaBackend>, VikingError>>,
+}
+
+const MAX_EVENTS: usize = 32;
+
+impl State {
+    fn event(&mut self, text: String) {
+        if self.events.len() == MAX_EVENTS {
+            self.events.remove(0);
+        }
+        self.events.push(text);
+    }
+
+    /// The CUDA backend for the configured device, opened once.
+    fn cuda(&mut self) -> std::result::Result<Arc<CudaBackend>, VikingError> {
+        let (device, devicemap) = (self.device, self.cuda_devicemap);
+        self.cuda
+            .get_or_insert_with(|| {
+                CudaBackend::open(device).map(|cuda| {
+                    cuda.set_devicemap(devicemap);
+                    Arc::new(cuda)
+                })
+            })
+            .clone()
+    }
+
+    fn cuda_opened(&self) -> bool {
+        self.cuda.is_some()
+    }
+
+    /// The machine now, with what this engine holds and has given back.
+    fn snapshot(&self) -> MemorySnapshot {
+        memory_snapshot(self.ledger.total_bytes(), self.foreign_bytes, self.given_back_under_pressure)
+    }
+
+    /// The machine and the budget now; forgets what was given back once the pressure is over.
+    fn budget(&mut self) -> (MemorySnapshot, Budget) {
+        let snapshot = self.snapshot();
+        let budget = budget::compute(&snapshot, &self.policy);
+        if !budget.under_pressure() {
+            self.given_back_under_pressure = 0;
+        }
+        (snapshot, budget)
+    }
+
+    /// Releases entries taken to bring the pins under `budget`; under pressure they count as
+    /// given back (see budget.rs). Returns the bytes.
+    fn give_back(&mut self, entries: Vec<Entry>, budget: &Budget) -> u64 {
+        let bytes = self.release(entries);
+        if budget.under_pressure() {
+            self.given_back_under_pressure += bytes;
+        }
+        bytes
+    }
+
+    /// Drops entries (unpins them, then frees their memory references) and counts them. A copy
+    /// to the GPU queued earlier may still read CUDA-registered pages: the device finishes its
+    /// work first (the caller may be any thread: a finalizer, an HTTP route, the exit).
+    fn release(&mut self, entries: Vec<Entry>) -> u64 {
+        if let Some(cuda) = entries.iter().find(|e| e.registration.backend() == BackendKind::Cuda) {
+            cuda.registration.quiesce();
+        }
+        let bytes = entries.iter().map(Entry::len).sum();
+        self.counters.releases += entries.len() as u64;
+        drop(entries);
+        bytes
+    }
+
+    fn label_of(&self, owner: u64) -> String {
+        self.owners.get(&owner).map(|r| r.label.clone()).unwrap_or_default()
+    }
+}
+
+pub struct Engine {
+    state: Mutex<State>,
+    oslock: Option<Arc<OsLock>>,
+    faults: Arc<FaultState>,
+    /// Whether the pressure monitor releases pins itself (the default), or leaves that to the
+    /// caller's `relieve_pressure()` at a moment no copy can read them (ComfyUI's side does).
+    monitor_releases: AtomicBool,
+}
+
+/// The memory figures of this machine now, with our own and others' pinned bytes.
+fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64, given_back_under_pressure: u64) -> MemorySnapshot {
+    let mut system = sysinfo::System::new();
+    system.refresh_memory();
+    let total_ram = system.total_memory();
+    // MemAvailable counts clean page cache as available; the container figure does too.
+    let container = cgroup::container(&sys::os::cgroup_levels(), total_ram);
+    let commit = sys::os::commit_charge();
+    MemorySnapshot {
+        total_ram,
+        available_ram: container.map_or(u64::MAX, |c| c.available).min(system.available_memory()),
+        swap_total: system.total_swap(),
+        swap_used: system.used_swap(),
+        container_limit: container.map(|c| c.limit),
+        pinned_by_us,
+        given_back_under_pressure,
+        pinned_by_others,
+        commit_limit: commit.map(|c| c.0),
+        commit_available: commit.map(|c| c.1),
+        os: Os::current(),
+    }
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Engine {
+    pub fn new() -> Engine {
+        Engine {
+            state: Mutex::new(State {
+                ledger: Ledger::default(),
+                policy: Policy::default(),
+                device: 0,
+                owners: BTreeMap::new(),
+                counters: Counters::default(),
+                events: Vec::new(),
+                foreign_bytes: 0,
+                given_back_under_pressure: 0,
+                swaps_at_start: sys::os::swap_counters(),
+                swaps_at_last_run: sys::os::swap_counters(),
+                cuda_devicemap: true,
+                cuda: None,
+            }),
+            oslock: OsLock::new().ok().map(Arc::new),
+            faults: Arc::new(FaultState::default()),
+            monitor_releases: AtomicBool::new(true),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the ledger half-written (every change is
+        // one insert or remove), so a poisoned lock is still safe to use.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Test-only: makes later pins and unpins fail on purpose (see backend/faults.rs).
+    pub fn set_faults(&self, faults: Faults) {
+        self.faults.set(faults);
+    }
+
+    /// Wraps a backend in the fault injector while faults are switched on.
+    fn maybe_faulty(&self, backend: Arc<dyn Backend>) -> Arc<dyn Backend> {
+        if self.faults.get().any() {
+            Arc::new(Faulty { inner: backend, state: self.faults.clone() })
+        } else {
+            backend
+        }
+    }
+
+    /// Whether the pressure monitor thread releases pins itself (`true`, the default) or only
+    /// the caller's `relieve_pressure` does.
+    pub fn set_monitor_releases(&self, on: bool) {
+        self.monitor_releases.store(on, Ordering::Relaxed);
+    }
+
+    /// One round of the pressure monitor: relieves pressure unless the caller took that over.
+    pub fn monitor_round(&self) -> u64 {
+        if self.monitor_releases.load(Ordering::Relaxed) {
+            self.relieve_pressure()
+        } else {
+            0
+        }
+    }
+
+    /// Gives RAM back when available memory has fallen below the headroom while pins are held
+    /// (another process grew): releases the lowest-priority pins until the shortfall is covered.
+    /// Returns the bytes released.
+    pub fn relieve_pressure(&self) -> u64 {
+        let mut state = self.lock();
+        if state.ledger.total_bytes() == 0 {
+            state.given_back_under_pressure = 0;
+            return 0;
+        }
+        let (snapshot, budget) = state.budget();
+        if budget.excess_bytes == 0 {
+            return 0;
+        }
+        let taken = state.ledger.take_lowest(budget.excess_bytes, i32::MAX);
+        let mut by_owner: BTreeMap<u64, u64> = BTreeMap::new();
+        for entry in &taken {
+            *by_owner.entry(entry.owner).or_default() += entry.len();
+        }
+        let released = state.give_back(taken, &budget);
+        for (owner, bytes) in by_owner {
+            let label = state.label_of(owner);
+            state.event(format!(
+                "memory pressure: released {} of '{label}' ({} available, below the {} headroom)",
+                budget::gib(bytes),
+                budget::gib(snapshot.available_ram),
+                budget::gib(budget.headroom_bytes)
+            ));
+        }
+        released
+    }
+
+    /// Sets the shared budget policy and the CUDA device. Pins already held stay; the next
+    /// reconcile honours the new budget.
+    pub fn configure(&self, policy: Policy, device: i32, cuda_devicemap: Option<bool>) -> Result<()> {
+        if device < 0 {
+            return Err(VikingError::invalid(format!("device is {device}; CUDA device numbers start at 0")));
+        }
+        let count = cuda::device_count();
+        if device > 0 && device >= count {
+            return Err(VikingError::invalid(format!(
+                "CUDA device {device} does not exist: this machine has {count} CUDA device(s); use device 0{}",
+                if count > 1 { format!("..{}", count - 1) } else { String::new() }
+            )));
+        }
+        let mut state = self.lock();
+        if state.device != device {
+            if state.ledger.entries().any(|e| e.registration.backend() == BackendKind::Cuda) {
+                return Err(VikingError::invalid("release the CUDA pins (unpin all) before changing the device"));
+            }
+            state.cuda = None;
+            state.device = device;
+        }
+        state.policy = policy;
+        if let Some(devicemap) = cuda_devicemap {
+            state.cuda_devicemap = devicemap;
+            if let Some(Ok(cuda)) = &state.cuda {
+                cuda.set_devicemap(devicemap);
+            }
+        }
+        Ok(())
+    }
+
+    fn oslock(&self) -> Option<Arc<OsLock>> {
+        self.oslock.clone()
+    }
+
+    fn backend_for(&self, state: &mut State, choice: BackendChoice) -> Result<Arc<dyn Backend>> {
+        let oslock = || -> Result<Arc<dyn Backend>> {
+            self.oslock.clone().map(|b| b as Arc<dyn Backend>).ok_or_else(|| VikingError::BackendUnavailable {
+                backend: "os-lock",
+                reason: "page locking is not implemented for this OS yet".into(),
+            })
+        };
+        let backend = match choice {
+            BackendChoice::OsLock => oslock(),
+            BackendChoice::Cuda => state.cuda().map(|b| b as Arc<dyn Backend>),
+            BackendChoice::Auto => match state.cuda() {
+                Ok(cuda) => Ok(cuda as Arc<dyn Backend>),
+                Err(VikingError::BackendUnavailable { .. }) => oslock(),
+                Err(other) => Err(other),
+            },
+        }?;
+        Ok(self.maybe_faulty(backend))
+    }
+
+    /// The device address of CUDA-pinned host memory at `addr`.
+    pub fn device_pointer(&self, addr: u64) -> Result<u64> {
+        let backend = self.lock().cuda()?;
+        backend.device_pointer(addr)
+    }
+
+    /// Releases every pin of `owner` and forgets it. Returns the bytes released.
+    pub fn release_owner(&self, owner: u64) -> u64 {
+        let mut state = self.lock();
+        let taken = state.ledger.take_owner(owner);
+        state.owners.remove(&owner);
+        state.release(taken)
+    }
+
+    /// Releases every pin (the interpreter's exit calls this).
+    pub fn release_all(&self) -> u64 {
+        let mut state = self.lock();
+        let taken = state.ledger.take_all();
+        state.owners.clear();
+        state.release(taken)
+    }
+}
+
+#[cfg(test)]
+mod tests;

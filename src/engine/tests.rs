@@ -1,0 +1,177 @@
+//! Engine tests: real OS page locks on heap buffers (VmLck is read to check them).
+
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::backend::BackendChoice;
+
+
+const MIB: usize = 1 << 20;
+/// The engine tests read the process's VmLck: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A page-aligned heap buffer; the test keeps it alive through the keepalive.
+fn buffer(bytes: usize) -> (u64, Keepalive) {
+    let mut memory = vec![1u8; bytes + 4096];
+    let addr = (memory.as_mut_ptr() as u64).div_ceil(4096) * 4096;
+    (addr, Arc::new(memory))
+}
+
+fn request(owner: u64, priority: i32, ranges: Vec<(u64, u64, Keepalive)>) -> Request {
+    Request { owner, label: format!("model {owner}"), priority, backend: BackendChoice::OsLock, model_limit_bytes: None, ranges, foreign: vec![], others_pinned_bytes: 0 }
+}
+
+#[cfg(target_os = "linux")]
+fn locked_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmLck:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+// One test, so the VmLck figures are not disturbed by others running in parallel.
+#[test]
+#[cfg(target_os = "linux")]
+fn reconcile_pins_releases_and_is_idempotent() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    let (a, keep_a) = buffer(8 * MIB);
+    let (b, keep_b) = buffer(8 * MIB);
+    let before = locked_kib();
+    let ranges = vec![(a, 8 * MIB as u64, keep_a.clone()), (b, 8 * MIB as u64, keep_b.clone())];
+    let report = engine.reconcile(request(1, 0, ranges.clone())).unwrap();
+    assert_eq!(report.newly_pinned_bytes, 16 * MIB as u64, "{report:?}");
+    assert!(locked_kib() >= before + 16 * 1024);
+    // Twice: nothing new.
+    let again = engine.reconcile(request(1, 0, ranges)).unwrap();
+    assert_eq!((again.newly_pinned_bytes, again.released_bytes, again.pinned_bytes), (0, 0, 16 * MIB as u64));
+    // b no longer wanted: released.
+    let shrink = engine.reconcile(request(1, 0, vec![(a, 8 * MIB as u64, keep_a.clone())])).unwrap();
+    assert_eq!(shrink.released_bytes, 8 * MIB as u64);
+    // A second owner over the same bytes gets nothing: a byte is never held twice.
+    let other = engine.reconcile(request(2, 0, vec![(a, 8 * MIB as u64, keep_a.clone())])).unwrap();
+    assert_eq!(other.newly_pinned_bytes, 0);
+    assert_eq!(other.skipped[0].reason, "pinned_for_another_model");
+    // The status sees the pinned pages in RAM, none in swap.
+    let status = engine.status(false, false);
+    let owner = status.owners.iter().find(|o| o.owner == 1).unwrap();
+    assert_eq!((owner.resident_bytes, owner.swapped_bytes, owner.pinned_swapped_bytes), (Some(8 * MIB as u64), Some(0), Some(0)));
+    assert!(status.paging.swapped_in_since_start.is_some());
+    assert_eq!(engine.release_owner(1), 8 * MIB as u64);
+    assert!(locked_kib() <= before + 8); // back where it was (a page of slack)
+    assert_eq!(engine.release_all(), 0);
+}
+
+#[test]
+fn a_lowered_model_budget_gives_back_what_is_beyond_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    let buffers: Vec<(u64, Keepalive)> = (0..4).map(|_| buffer(4 * MIB)).collect();
+    let ranges: Vec<(u64, u64, Keepalive)> = buffers.iter().map(|(a, k)| (*a, 4 * MIB as u64, k.clone())).collect();
+    let all = engine.reconcile(request(1, 0, ranges.clone())).unwrap();
+    assert_eq!(all.pinned_bytes, 16 * MIB as u64);
+    // The same model, now with 6 MiB of its own limit: never more than 6 MiB pinned, in whole
+    // storages (4 MiB each), so one of them.
+    let capped = engine.reconcile(Request { model_limit_bytes: Some(6 * MIB as u64), ..request(1, 0, ranges.clone()) }).unwrap();
+    assert_eq!(capped.pinned_bytes, 4 * MIB as u64, "{capped:?}");
+    assert_eq!(capped.skipped.iter().find(|s| s.reason == "over_budget").map(|s| s.bytes), Some(12 * MIB as u64));
+    // Again: stable, nothing churns.
+    let again = engine.reconcile(Request { model_limit_bytes: Some(6 * MIB as u64), ..request(1, 0, ranges.clone()) }).unwrap();
+    assert_eq!((again.pinned_bytes, again.newly_pinned_bytes, again.released_bytes), (4 * MIB as u64, 0, 0));
+    engine.release_all();
+}
+
+#[test]
+fn higher_priority_evicts_lower_within_a_user_budget() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(12.0 / 1024.0, 0.0, 0.0).unwrap(), 0, None).unwrap(); // 12 MiB
+    let (a, keep_a) = buffer(8 * MIB);
+    let (b, keep_b) = buffer(8 * MIB);
+    let low = engine.reconcile(request(10, 0, vec![(a, 8 * MIB as u64, keep_a)])).unwrap();
+    assert_eq!(low.pinned_bytes, 8 * MIB as u64);
+    let high = engine.reconcile(request(11, 5, vec![(b, 8 * MIB as u64, keep_b)])).unwrap();
+    assert_eq!(high.pinned_bytes, 8 * MIB as u64);
+    assert_eq!(high.evicted, vec![(10, 8 * MIB as u64)]);
+    assert!(engine.lock().events.iter().any(|e| e.contains("model 10")));
+    engine.release_all();
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn injected_faults_leave_a_consistent_ledger() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    let buffers: Vec<(u64, Keepalive)> = (0..3).map(|_| buffer(4 * MIB)).collect();
+    let ranges = || buffers.iter().map(|(a, k)| (*a, 4 * MIB as u64, k.clone())).collect::<Vec<_>>();
+    let before = locked_kib();
+
+    // The 2nd pin fails: the others are pinned, the failure is reported, nothing half-done.
+    engine.set_faults(Faults { fail_pin_nth: 2, ..Faults::default() });
+    let report = engine.reconcile(request(1, 0, ranges())).unwrap();
+    assert_eq!((report.regions_registered, report.failures.len()), (2, 1), "{report:?}");
+    assert_eq!(report.pinned_bytes, 8 * MIB as u64);
+    assert!(locked_kib() - before >= 8 * 1024 && locked_kib() - before < 12 * 1024);
+    assert_eq!(engine.lock().counters.failures, 1);
+
+    // The next unpin fails: that memory stays pinned, so its keepalive is kept for good.
+    let (failures_before, _) = crate::backend::release_failures();
+    engine.set_faults(Faults { fail_unpin_nth: 1, ..Faults::default() });
+    let first = engine.lock().ledger.entries().map(|e| e.addr()).min().unwrap();
+    let handle = buffers.iter().find(|(a, _)| *a == first).unwrap().1.clone();
+    assert_eq!(engine.release_owner(1), 8 * MIB as u64);
+    assert_eq!(crate::backend::release_failures().0, failures_before + 1);
+    assert!(Arc::strong_count(&handle) >= 3, "the failed region's memory must not be freed");
+    assert_eq!(engine.lock().ledger.total_bytes(), 0);
+
+    // A lost device: nothing pins, every failure is reported, no panic.
+    engine.set_faults(Faults { device_lost: true, ..Faults::default() });
+    let lost = engine.reconcile(request(2, 0, ranges())).unwrap();
+    assert_eq!((lost.pinned_bytes, lost.failures.len()), (0, 3));
+    assert!(lost.failures[0].contains("CUDA_ERROR_DEVICE_UNAVAILABLE"));
+    engine.set_faults(Faults::default());
+    // Clean up the range the injected unpin failure left locked (a test-only leak).
+    unsafe { crate::sys::os::unlock(first, 4 * MIB as u64).unwrap() };
+}
+
+#[test]
+fn bad_ranges_are_rejected_before_anything_is_pinned() {
+    let engine = Engine::new();
+    let keep: Keepalive = Arc::new(());
+    for (addr, len) in [(0, 10), (4096, 0), (u64::MAX - 10, 100)] {
+        let error = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).err().unwrap();
+        assert!(matches!(error, VikingError::InvalidInput(_)), "{error}");
+    }
+    assert!(engine.configure(Policy::default(), -1, None).is_err());
+    assert!(engine.configure(Policy::default(), 64, None).is_err());
+    assert_eq!(engine.lock().ledger.total_bytes(), 0);
+}
+
+/// CUDA reports Viking's own registrations as pinned, so the caller passes them back as
+/// "foreign": they must not count as someone else's. Before, they did, and the headroom and OS
+/// cap terms then subtracted the model's own pins on every reconcile after the first.
+#[test]
+fn our_own_pins_passed_back_as_foreign_are_not_counted_as_others() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    let (a, keep_a) = buffer(8 * MIB);
+    let (b, keep_b) = buffer(4 * MIB);
+    let ranges = vec![(a, 8 * MIB as u64, keep_a.clone())];
+    let first = engine.reconcile(request(1, 0, ranges.clone())).unwrap();
+    assert_eq!(first.pinned_bytes, 8 * MIB as u64);
+    let limit_before = first.budget.limit_bytes;
+    // As the CUDA backend makes Python see it: our range is_pinned(), and someone else pinned b.
+    let as_cuda_sees_it = Request { foreign: vec![(a, 8 * MIB as u64), (b, 4 * MIB as u64)], ..request(1, 0, ranges.clone()) };
+    let second = engine.reconcile(as_cuda_sees_it).unwrap();
+    assert_eq!((second.newly_pinned_bytes, second.released_bytes, second.pinned_bytes), (0, 0, 8 * MIB as u64));
+    assert_eq!(engine.lock().foreign_bytes, 4 * MIB as u64, "only b is someone else's");
+    assert_eq!(engine.status(false, false).memory.pinned_by_others, 4 * MIB as u64);
+    // The budget moved by b's 4 MiB only (the machine's available RAM may drift a little).
+    let moved = limit_before.abs_diff(second.budget.limit_bytes);
+    assert!(moved < 4 * MIB as u64 + (64 << 20), "limit moved by {moved}");
+    drop(keep_b);
+    engine.release_all();
+}

@@ -1,0 +1,108 @@
+"""One record per model, checked through ComfyUI's real ModelPatcher in this process (CPU):
+every path that ends a model (the Unpin node's unpin, the HTTP route's unpin_owner, ComfyUI
+dropping the model, engine mode switched off) leaves nothing of it in any table, and its VRAM
+cap no longer trims what ComfyUI loads. Prints one JSON object of named checks; exits 1 if one
+fails. Run by tests/test_records.py under each ComfyUI version's Python.
+
+usage: python tests/records_check.py COMFY_DIR
+"""
+
+import gc
+import json
+import os
+import sys
+
+comfy_dir = sys.argv[1]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [comfy_dir, ROOT]
+sys.argv = [sys.argv[0], "--cpu"]
+import comfy.options  # noqa: E402
+
+comfy.options.enable_args_parsing()
+
+import torch  # noqa: E402
+
+import comfy.model_patcher  # noqa: E402
+
+from comfy_node import engine_mode, gate, lifecycle, models  # noqa: E402
+from comfy_node.native import require  # noqa: E402
+
+native = require()
+checks = {}
+MIB = 1 << 20
+
+
+def model():
+    """Eight 1 MiB fp32 linear layers that ComfyUI casts (so partially_load decides per layer)."""
+    import comfy.ops
+
+    layers = [comfy.ops.disable_weight_init.Linear(512, 512, bias=False) for _ in range(8)]
+    net = torch.nn.Sequential(*layers)
+    for index, layer in enumerate(layers):
+        torch.nn.init.normal_(layer.weight, generator=torch.Generator().manual_seed(index))
+    return net
+
+
+def patcher_of(net):
+    return comfy.model_patcher.ModelPatcher(net, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+
+
+def nothing_left(owner) -> bool:
+    status = json.loads(native.status_json())
+    return (models.get(owner) is None and owner not in lifecycle.labels() and not gate.deferred()
+            and not any(o["owner"] == owner for o in status["owners"]))
+
+
+def loads_when_offered(patcher, offered) -> int:
+    patcher.detach()
+    patcher.partially_load(torch.device("cpu"), offered)
+    return int(patcher.model.model_loaded_weight_memory)
+
+
+def settings(label, **kw):
+    return lifecycle.PinSettings(label=label, backend="os-lock", headroom_gib=0.0, vram_cap_gib=2 / 1024, **kw)
+
+
+# 1. The Unpin node's path (on the execution thread): lifecycle.unpin(patcher).
+# 2. The HTTP route's path: lifecycle.unpin_owner(owner) through the gate (no prompt runs here).
+for path in ("unpin node", "unpin route"):
+    net = model()
+    patcher = patcher_of(net)
+    lifecycle.attach(patcher, settings(path))
+    owner = lifecycle.owner_of(patcher)
+    checks[f"{path}: capped at 2 MiB while pinned"] = loads_when_offered(patcher, 8 * MIB) <= 2 * MIB
+    pinned = json.loads(native.status_json())["pinned_bytes"]
+    if path == "unpin node":
+        released = lifecycle.unpin(patcher)
+    else:
+        outcome = gate.submit("unpin", lambda: lifecycle.unpin_owner(owner))
+        released = outcome["result"] if outcome["applied"] else -1
+    checks[f"{path}: released what was pinned"] = released == pinned > 0
+    checks[f"{path}: nothing of the model left"] = nothing_left(owner)
+    checks[f"{path}: the cap no longer applies"] = loads_when_offered(patcher, 64 * MIB) == 8 * MIB
+    patcher.detach()
+    del patcher, net
+    gc.collect()
+
+# 3. ComfyUI drops the model: the weakref finalizer forgets it.
+net = model()
+patcher = patcher_of(net)
+lifecycle.attach(patcher, settings("dropped"))
+owner = lifecycle.owner_of(patcher)
+del patcher, net
+gc.collect()
+checks["dropped: nothing of the model left"] = nothing_left(owner)
+
+# 4. Engine mode off forgets what engine mode pinned, and only that.
+net_engine, net_node = model(), model()
+engine_patcher, node_patcher = patcher_of(net_engine), patcher_of(net_node)
+lifecycle.attach(engine_patcher, lifecycle.PinSettings(label="engine", backend="os-lock", node_id=engine_mode.ENGINE_NODE_ID, headroom_gib=None))
+lifecycle.attach(node_patcher, settings("node", node_id="7"))
+engine_mode.set_enabled(False)
+checks["engine mode off: its model forgotten"] = nothing_left(lifecycle.owner_of(engine_patcher))
+checks["engine mode off: the node's model kept"] = lifecycle.is_pinned(node_patcher)
+lifecycle.unpin(None)
+checks["unpin everything: no record, no pin"] = not models.owners() and json.loads(native.status_json())["pinned_bytes"] == 0
+
+print(json.dumps(checks, indent=1))
+sys.exit(0 if all(checks.values()) else 1)
