@@ -313,6 +313,15 @@ def extract_extension(wheel, cache=None):
     return target
 
 
+def _drop_other_extractions(keep):
+    """Best effort: earlier extractions (older wheels) go; one still loaded elsewhere stays
+    (Windows refuses to delete it, Linux keeps it alive for whoever has it mapped)."""
+    import shutil
+    for folder in keep.parent.iterdir():
+        if folder.is_dir() and folder != keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _import_extension(path):
     loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
     spec = importlib.util.spec_from_file_location(MODULE, str(path), loader=loader)
@@ -365,6 +374,7 @@ def _load():
                 else:
                     file = extract_extension(wheel)
                     module = _import_extension(file)
+                    _drop_other_extractions(file.parent)
             except Exception as e:  # ImportError, or OSError from a broken file
                 errors.append(f"{origin} {file or wheel}: {e}")
                 continue

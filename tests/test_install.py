@@ -102,7 +102,8 @@ def test_shipped_wheels_are_abi3_small_and_complete():
             assert ext in names, names
             assert not any("sboms/" in n for n in names), names  # no timestamped SBOM: repeatable builds
             if stub.exists():  # the typed stub ships with the module
-                assert zf.read("viking_native/__init__.pyi") == stub.read_bytes(), wheel.name
+                assert zf.read("viking_native/__init__.pyi") == stub.read_bytes(), \
+                    f"{wheel.name} ships another viking_native.pyi than the checkout's: run `{loader.BUILD_WHEELS}`"
                 assert "viking_native/py.typed" in names
 
 
