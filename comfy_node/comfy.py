@@ -76,8 +76,8 @@ def host() -> Host:
     notes = []
     if dynamic_vram_enabled():
         mode = "dynamic"
-        notes.append("ComfyUI dynamic VRAM mode pins its own copies of the weights (read-only file mappings): "
-                     "Viking leaves those weights alone")
+        notes.append("dynamic VRAM mode: ComfyUI stages the weights itself from read-only file mappings; Viking "
+                     "sets its pin ceiling from the budget and keeps pinned models' checkpoint pages in RAM")
     elif getattr(mm, "cpu_state", None) == getattr(getattr(mm, "CPUState", None), "CPU", object()):
         mode = "cpu"
     else:
@@ -409,3 +409,125 @@ def user_settings_path() -> str | None:
         return os.path.join(folder_paths.get_user_directory(), "default", "comfy.settings.json")
     except (ImportError, AttributeError):
         return None
+
+
+# --- ComfyUI 0.33's dynamic VRAM mode (comfy-aimdo) ---------------------------------------------
+# Its weights stay in aimdo's private read-only mapping of the checkpoint; at each forward a
+# module's weights are read from the file (pread) into a slice of ComfyUI's own pinned host
+# buffer ("staging") and copied to the GPU. MAX_PINNED_MEMORY caps the staging registrations,
+# read at call time; free RAM caps the staging copies. Eviction goes through each loaded
+# patcher's partially_unload_ram / unregister_inactive_pins (mm.free_model_pins).
+
+_DYNAMIC_NEEDS = ("loaded_ram_size", "pinned_memory_size", "partially_unload_ram", "unregister_inactive_pins",
+                  "set_in_use_by_current_prompt")
+
+
+def dynamic_internals_problem(patcher) -> str | None:
+    """Why Viking cannot govern this dynamic patcher's staging (this ComfyUI's internals differ
+    from 0.33's), or None."""
+    mm = _model_management()
+    for name in ("MAX_PINNED_MEMORY", "TOTAL_PINNED_MEMORY", "free_model_pins"):
+        if not hasattr(mm, name):
+            return f"this ComfyUI has no model_management.{name}: Viking stands aside in dynamic VRAM mode"
+    missing = [name for name in _DYNAMIC_NEEDS if not callable(getattr(patcher, name, None))]
+    if missing:
+        return f"this ComfyUI's dynamic patcher lacks {', '.join(missing)}: Viking stands aside in dynamic VRAM mode"
+    return None
+
+
+def pin_ceiling() -> int:
+    """ComfyUI's ceiling on its registered (pinned) bytes."""
+    return int(getattr(_model_management(), "MAX_PINNED_MEMORY", -1))
+
+
+def pinning_enabled() -> bool:
+    """ComfyUI pins at all (its ceiling starts above 0: not --disable-pinned-memory, not CPU)."""
+    return _initial_ceiling() > 0
+
+
+@functools.lru_cache(maxsize=1)
+def _initial_ceiling() -> int:
+    return pin_ceiling()
+
+
+def set_pin_ceiling(nbytes: int):
+    """Sets ComfyUI's ceiling on registered bytes (read at call time by its pin and eviction
+    functions). Never to 0 or below: 0.33 then stops unpinning what it pinned, and leaks it."""
+    mm = _model_management()
+    if pinning_enabled():
+        mm.MAX_PINNED_MEMORY = max(1, int(nbytes))
+
+
+def comfy_pinned_total() -> int:
+    """All bytes ComfyUI holds registered now (static and dynamic pins)."""
+    return int(getattr(_model_management(), "TOTAL_PINNED_MEMORY", 0) or 0)
+
+
+def staged_bytes(patcher) -> tuple[int, int]:
+    """(RAM of ComfyUI's staging copies of this model, the part of it registered)."""
+    return int(patcher.loaded_ram_size()), int(patcher.pinned_memory_size())
+
+
+def drop_staging(patcher, nbytes: int) -> int:
+    """Gives back up to `nbytes` of this model's staging copies (ComfyUI's own release path).
+    Execution thread only."""
+    return int(patcher.partially_unload_ram(nbytes))
+
+
+def keep_in_current_prompt(patcher, keep: bool):
+    """ComfyUI evicts the staging of models not in the current prompt first; this flag keeps a
+    model among those of the current prompt until cleared."""
+    patcher.set_in_use_by_current_prompt(keep)
+
+
+EVICTION_BELOW = 1e30  # ComfyUI's own full releases (unload, cleanup) pass 1e30 or more
+
+
+def guard_staging_eviction(patcher, refuse):
+    """Instance wrappers on the two functions ComfyUI's eviction calls per model: an eviction
+    call (fewer than 1e30 bytes) returns 0 while `refuse(kind)` is True, kind "ram" or
+    "registrations", so ComfyUI takes from the next model first. ComfyUI's full releases
+    always pass."""
+    def make(kind):
+        def make_body(inner):
+            def body(this, ram_to_unload, *args, **kwargs):
+                if ram_to_unload < EVICTION_BELOW and refuse(kind):
+                    return 0
+                return inner(this, ram_to_unload, *args, **kwargs)
+            return body
+        return make_body
+
+    wrap_instance_method(patcher, "partially_unload_ram", make("ram"))
+    wrap_instance_method(patcher, "unregister_inactive_pins", make("registrations"))
+
+
+def loaded_dynamic_patchers():
+    return [p for p in loaded_patchers() if is_dynamic(p)]
+
+
+def checkpoint_slices(patcher) -> list[tuple[int, int, int]]:
+    """(fd, file offset, bytes) of every weight of this model that lives in a checkpoint
+    mapping, from the file-slice record ComfyUI keeps on each storage. Views of one storage
+    count once."""
+    seen, slices = set(), []
+    for tensor in list(patcher.model.parameters()) + list(patcher.model.buffers()):
+        storage = tensor.untyped_storage()
+        info = getattr(storage, "_comfy_tensor_file_slice", None)
+        if info is None or storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        fd, offset, size = getattr(info, "file_ref", None), getattr(info, "offset", None), getattr(info, "size", None)
+        if isinstance(fd, int) and isinstance(offset, int) and isinstance(size, int) and size > 0:
+            slices.append((fd, offset, size))
+    return slices
+
+
+def mapped_storage_spans(patcher) -> list[tuple[int, int]]:
+    """(address, bytes) of this model's weights inside ComfyUI's checkpoint mappings."""
+    seen, spans = set(), []
+    for tensor in list(patcher.model.parameters()) + list(patcher.model.buffers()):
+        storage = tensor.untyped_storage()
+        if hasattr(storage, "_comfy_tensor_file_slice") and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            spans.append((storage.data_ptr(), storage.nbytes()))
+    return spans

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable
 
-from . import comfy
+from . import comfy, dynamic
 from .native import native
 
 log = logging.getLogger("viking_engine")
@@ -68,6 +68,7 @@ def drain(where: str):
                 log.warning("Viking Engine: %s failed: %s", what, error)
         if native is not None:
             native.relieve_pressure()
+        dynamic.govern()
 
 
 def on_execution_thread():

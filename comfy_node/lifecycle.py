@@ -18,11 +18,16 @@ from __future__ import annotations
 import json
 import logging
 import weakref
+from typing import TYPE_CHECKING
 
-from . import comfy, gate, home, models, prefetch, vram_cap
+from . import comfy, dynamic, gate, home, models, prefetch, vram_cap
+from . import native as native_module
 from .models import ModelRecord, PinSettings
 from .native import require
 from .weights import cpu_storage_ranges, module_tensors
+
+if TYPE_CHECKING:
+    from . import contract
 
 __all__ = ["PinSettings", "attach", "reconcile", "forget", "unpin", "unpin_owner", "status"]
 
@@ -72,11 +77,21 @@ def reconcile(patcher) -> dict | None:
         return None
     native = require()
     record.patcher = weakref.ref(patcher)
-    if comfy.is_dynamic(patcher) or comfy.dynamic_vram_enabled():
+    if comfy.is_dynamic(patcher):
+        problem = comfy.dynamic_internals_problem(patcher)
+        if problem is not None:
+            _drop_streaming(record)
+            native.release(record.owner)
+            record.last_report = {"owner": record.owner, "pinned_bytes": 0, "wanted_bytes": 0, "standing_aside": problem}
+            return record.last_report
+        # Weights stay in ComfyUI's mapping and stream through its own staging: no home, no
+        # prefetch; Viking pins the mapped checkpoint pages in place (dynamic.py).
         _drop_streaming(record)
-        native.release(record.owner)
-        report = {"owner": record.owner, "pinned_bytes": 0, "wanted_bytes": 0,
-                  "standing_aside": comfy.host().notes[0] if comfy.host().notes else "dynamic VRAM mode"}
+        dynamic.attach(patcher, record)
+        report = _reconcile_ranges(native, patcher, record, dynamic.file_ranges(patcher, record))
+        dynamic.after_event(patcher, record)
+        report["notes"] = list(record.notes)
+        report["dynamic"] = dynamic.summary(patcher, record)
         record.last_report = report
         return report
     settings = record.settings
@@ -111,9 +126,10 @@ def _note_hooks(record: ModelRecord, patcher):
     _drop_streaming(record)
 
 
-def _reconcile_ranges(native, patcher, record: ModelRecord) -> dict:
+def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=()) -> dict:
     settings = record.settings
     ranges, pinned_elsewhere = cpu_storage_ranges(host_weights(patcher))
+    ranges += list(extra_ranges)
     comfy_ranges, comfy_total = comfy.foreign_pins()
     return json.loads(native.reconcile(
         record.owner, ranges,
@@ -275,7 +291,7 @@ def unpin_owner(owner: int) -> int:
 
 # --- the status ------------------------------------------------------------------------------
 
-def status(probe_cuda: bool = False, mark_run: bool = False) -> dict:
+def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status":
     """The one status the node, the HTTP route and the panel read: the native snapshot, plus
     what only the Python side knows per model (VRAM, home, prefetch, notes, last report), which
     ComfyUI this is, ComfyUI's own pins and the changes waiting for the execution thread."""
@@ -291,8 +307,12 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> dict:
         entry["notes"] = list(record.notes) if record is not None else []
         report = (record.last_report if record is not None else None) or {}
         entry["standing_aside"] = report.get("standing_aside")
+        patcher = record.live_patcher() if record is not None else None
+        entry["dynamic"] = dynamic.summary(patcher, record) if patcher is not None and comfy.is_dynamic(patcher) else None
     comfy_ranges, comfy_total = comfy.foreign_pins()
-    snapshot["comfy"] = {**comfy.host().as_dict(), "pinned_bytes": comfy_total, "pinned_tensors": len(comfy_ranges)}
+    snapshot["comfy"] = {**comfy.host().as_dict(), "pinned_bytes": comfy.comfy_pinned_total() or comfy_total,
+                         "pinned_tensors": len(comfy_ranges), "pin_ceiling_bytes": comfy.pin_ceiling()}
+    snapshot["native"] = native_module.build_info() if hasattr(native_module, "build_info") else {}
     snapshot["deferred_changes"] = gate.deferred()
     snapshot["applied_changes"] = gate.applied()
     return snapshot

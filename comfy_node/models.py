@@ -35,6 +35,7 @@ class ModelRecord:
     prefetcher: object | None = None  # prefetch.Prefetcher, while it streams
     last_report: dict | None = None
     hooks_seen: bool = False  # hook patches met once: home and prefetch stay off for it
+    file_views: dict = field(default_factory=dict)  # fd -> (native FileView, file offset): dynamic mode's residency
     notes: list[str] = field(default_factory=list)  # what stands aside for this model, and why
 
     def live_patcher(self):

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 
 use crate::backend::cuda;
 use crate::backend::faults::Faults;
+use crate::backend::file_view;
 use crate::backend::BackendChoice;
 use crate::budget::{self, Policy};
 use crate::engine::{Engine, Request};
@@ -164,6 +165,61 @@ fn set_monitor_releases(on: bool) {
     engine().set_monitor_releases(on);
 }
 
+/// A shared, read-only view of part of an open file (see backend/file_view.rs), unmapped when
+/// the last reference goes. Pass it as the keepalive of the ranges it holds.
+#[pyclass(module = "viking_native", frozen, name = "FileView")]
+struct FileView {
+    view: file_view::FileView,
+}
+
+#[pymethods]
+impl FileView {
+    #[getter]
+    fn addr(&self) -> u64 {
+        self.view.addr()
+    }
+    #[getter]
+    fn len(&self) -> u64 {
+        self.view.len()
+    }
+    /// Bytes of the view whose file pages are in RAM now (None where that cannot be read).
+    fn resident_bytes(&self) -> Option<u64> {
+        self.view.resident_bytes()
+    }
+}
+
+/// Maps `[offset, offset+length)` of the open file `fd` shared and read-only (offset a
+/// multiple of the page size). ValueError when the file is shorter (replaced or truncated).
+#[pyfunction]
+fn map_file(py: Python<'_>, fd: i32, offset: u64, length: u64) -> PyResult<FileView> {
+    guarded(py, || file_view::FileView::open(fd, offset, length)).map(|view| FileView { view })
+}
+
+/// Bytes of `[addr, addr+length)` whose pages are in RAM now (mincore: a file mapping's pages
+/// count when they are in the page cache, mapped here or not). None where that cannot be read.
+#[pyfunction]
+fn resident_bytes(py: Python<'_>, addr: &Bound<'_, PyAny>, length: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    let (addr, length) = (address_like(addr, "addr")?, address_like(length, "length")?);
+    guarded(py, || Ok(crate::sys::os::resident_in_ram(addr, length)))
+}
+
+/// What others in this process hold pinned now (ComfyUI's total), for the budget between
+/// reconciles.
+#[pyfunction]
+fn note_foreign_pins(bytes: u64) {
+    engine().note_foreign_pins(bytes);
+}
+
+/// The memory snapshot and the budget now, as JSON {"memory": ..., "budget": ...}: what the
+/// status has, without its per-model figures (cheap enough to ask twice a second).
+#[pyfunction]
+fn budget_json(py: Python<'_>) -> PyResult<String> {
+    guarded(py, || {
+        let (memory, budget) = engine().budget_now();
+        to_json(&serde_json::json!({"memory": memory, "budget": budget}))
+    })
+}
+
 /// Test-only fault injection: fail the Nth pin / unpin from now, or act as if the device
 /// were lost. All zero / False switches it off.
 #[pyfunction]
@@ -201,6 +257,11 @@ fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(relieve_pressure, m)?)?;
     m.add_function(wrap_pyfunction!(set_monitor_releases, m)?)?;
     m.add_function(wrap_pyfunction!(gib_to_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(map_file, m)?)?;
+    m.add_function(wrap_pyfunction!(resident_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(note_foreign_pins, m)?)?;
+    m.add_function(wrap_pyfunction!(budget_json, m)?)?;
+    m.add_class::<FileView>()?;
     m.add_function(wrap_pyfunction!(_set_faults, m)?)?;
     start_pressure_monitor();
     // Release every pin at interpreter exit, while the memory is still alive.

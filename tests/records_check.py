@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import comfy.model_patcher  # noqa: E402
 
-from comfy_node import engine_mode, gate, lifecycle, models  # noqa: E402
+from comfy_node import contract, engine_mode, gate, lifecycle, models  # noqa: E402
 from comfy_node.native import require  # noqa: E402
 
 native = require()
@@ -71,6 +71,11 @@ for path in ("unpin node", "unpin route"):
     lifecycle.attach(patcher, settings(path))
     owner = lifecycle.owner_of(patcher)
     checks[f"{path}: capped at 2 MiB while pinned"] = loads_when_offered(patcher, 8 * MIB) <= 2 * MIB
+    if path == "unpin node":
+        mismatches = contract.key_mismatches(lifecycle.status(), contract.Status)
+        checks["status: lifecycle.status() matches contract.Status"] = not mismatches
+        if mismatches:
+            print(mismatches, file=sys.stderr)
     pinned = json.loads(native.status_json())["pinned_bytes"]
     if path == "unpin node":
         released = lifecycle.unpin(patcher)

@@ -6,6 +6,8 @@ elsewhere): the same bench scripts whose H200 figures are in bench/results/, at 
   a recorded plan) and every output is bit-identical to the uncapped one."""
 
 import json
+import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -30,6 +32,7 @@ pytestmark = [
 
 
 def run_bench(script, out, *args):
+    out = Path(os.environ["VIKING_GPU_RESULTS"]) / out.name if os.environ.get("VIKING_GPU_RESULTS") else out
     run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / script), str(COMFY_DIR), str(out), *args],
                          capture_output=True, text=True, timeout=900)
     assert out.exists(), run.stdout[-2000:] + run.stderr[-3000:]

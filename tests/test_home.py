@@ -37,7 +37,10 @@ def test_weights_come_home_without_copy_through_load_unload_and_lora(tmp_path):
     assert set(result["parts"]["fallback"]) == {"no_room", "switched_off"}
 
 
-def stage_graph(seed, lora: bool, viking: bool):
+def stage_graph(seed, lora, viking: bool):
+    """lora: False, True (LoraLoader: a patch ComfyUI restores from backup) or "hook" (a hook
+    LoRA on the positive prompt: CreateHookLora + ConditioningSetProperties, which ComfyUI
+    writes into the weights in place during sampling, per cond group)."""
     api = txt2img_prompt(seed=seed, prefix=f"s{seed}")
     model = ["4", 0]
     if viking:
@@ -45,7 +48,12 @@ def stage_graph(seed, lora: bool, viking: bool):
             "model": model, "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0,
             "pinned_home": True, "vram_cap_gib": 0.0}}
         model = ["20", 0]
-    if lora:
+    if lora == "hook":
+        api["11"] = {"class_type": "CreateHookLora", "inputs": {"lora_name": LORA, "strength_model": 1.0, "strength_clip": 0.0}}
+        api["12"] = {"class_type": "ConditioningSetProperties", "inputs": {
+            "cond_NEW": ["6", 0], "strength": 1.0, "set_cond_area": "default", "hooks": ["11", 0]}}
+        api["3"]["inputs"]["positive"] = ["12", 0]
+    elif lora:
         api["10"] = {"class_type": "LoraLoader", "inputs": {
             "model": model, "clip": ["4", 1], "lora_name": LORA, "strength_model": 1.0, "strength_clip": 0.0}}
         model = ["10", 0]
@@ -53,9 +61,12 @@ def stage_graph(seed, lora: bool, viking: bool):
     return api
 
 
+STAGES = ((1, False), (2, True), (3, False), (4, "hook"), (5, False))
+
+
 def run_stages(server, viking: bool):
     images = []
-    for seed, lora in ((1, False), (2, True), (3, False)):
+    for seed, lora in STAGES:
         entry = server.run_prompt(stage_graph(seed, lora, viking))
         files = server.output_files(entry)
         assert len(files) == 1, files
@@ -75,6 +86,9 @@ def test_load_lora_unload_reload_images_bit_identical(tmp_path):
         reference = run_stages(plain, viking=False)
         entry = plain.run_prompt(stage_graph(2, lora=False, viking=False))
         no_lora = np.asarray(Image.open(plain.output_files(entry)[0]).convert("RGB"))
+        entry = plain.run_prompt(stage_graph(4, lora=False, viking=False))
+        no_hook = np.asarray(Image.open(plain.output_files(entry)[0]).convert("RGB"))
     assert not np.array_equal(no_lora, reference[1]), "the LoRA changes the image (so the comparison can fail)"
+    assert not np.array_equal(no_hook, reference[3]), "the hook LoRA changes the image (so the comparison can fail)"
     for index, (a, b) in enumerate(zip(pinned, reference)):
         assert np.array_equal(a, b), f"stage {index}: images differ"

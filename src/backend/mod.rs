@@ -3,6 +3,7 @@
 
 pub mod cuda;
 pub mod faults;
+pub mod file_view;
 pub mod oslock;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -340,6 +340,17 @@ impl Engine {
         Ok(self.maybe_faulty(backend))
     }
 
+    /// What others in this process hold pinned now (ComfyUI's own total), for the budget between
+    /// reconciles (ComfyUI's dynamic VRAM mode pins and unpins during every step).
+    pub fn note_foreign_pins(&self, bytes: u64) {
+        self.lock().foreign_bytes = bytes;
+    }
+
+    /// The machine and the budget now, without the per-model figures of the status.
+    pub fn budget_now(&self) -> (MemorySnapshot, Budget) {
+        self.lock().budget()
+    }
+
     /// The device address of CUDA-pinned host memory at `addr`.
     pub fn device_pointer(&self, addr: u64) -> Result<u64> {
         let backend = self.lock().cuda()?;

@@ -42,6 +42,63 @@ pub unsafe fn unlock(addr: u64, len: u64) -> Result<()> {
     }
 }
 
+/// Maps `len` bytes of the open file `fd` from `offset` (a multiple of the page size), shared
+/// and read-only: the file's page-cache pages themselves, as every other mapping of the file
+/// sees them. Returns the address.
+///
+/// # Safety
+/// `fd` must be an open file descriptor; the caller unmaps the range exactly once (`unmap`).
+#[cfg(unix)]
+pub unsafe fn map_shared_read_only(fd: i32, offset: u64, len: u64) -> Result<u64> {
+    let addr = libc::mmap(std::ptr::null_mut(), len as libc::size_t, libc::PROT_READ, libc::MAP_SHARED, fd, offset as libc::off_t);
+    if addr == libc::MAP_FAILED {
+        Err(last_os_error("mmap"))
+    } else {
+        Ok(addr as u64)
+    }
+}
+
+/// # Safety
+/// `[addr, addr+len)` must be a mapping made by `map_shared_read_only`, not used afterwards.
+#[cfg(unix)]
+pub unsafe fn unmap(addr: u64, len: u64) -> Result<()> {
+    if libc::munmap(addr as *mut libc::c_void, len as libc::size_t) == 0 {
+        Ok(())
+    } else {
+        Err(last_os_error("munmap"))
+    }
+}
+
+/// The size of the open file `fd`.
+#[cfg(unix)]
+pub fn file_size(fd: i32) -> Result<u64> {
+    // SAFETY: fstat writes into the struct we pass and reads nothing else.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut stat) } == 0 {
+        Ok(stat.st_size as u64)
+    } else {
+        Err(last_os_error("fstat"))
+    }
+}
+
+/// Bytes of `[addr, addr+len)` whose pages are in RAM now, mapped into this process or not
+/// (mincore: for a file mapping, the file's pages in the page cache). `None` if it cannot tell.
+#[cfg(unix)]
+pub fn resident_in_ram(addr: u64, len: u64) -> Option<u64> {
+    let page = page_size();
+    let start = addr / page * page;
+    let pages = ((addr + len).div_ceil(page) * page - start) / page;
+    let mut vector = vec![0u8; pages as usize];
+    // SAFETY: mincore only reads the page tables of the range and writes `pages` bytes.
+    let done = unsafe { libc::mincore(start as *mut libc::c_void, (pages * page) as libc::size_t, vector.as_mut_ptr() as *mut _) };
+    (done == 0).then(|| (vector.iter().filter(|&&b| b & 1 == 1).count() as u64 * page).min(len))
+}
+
+#[cfg(not(unix))]
+pub fn resident_in_ram(_addr: u64, _len: u64) -> Option<u64> {
+    None
+}
+
 #[cfg(windows)]
 mod win {
     //! The few kernel32 functions Viking needs, declared by hand (no extra crate).

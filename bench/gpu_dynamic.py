@@ -1,0 +1,219 @@
+"""ComfyUI 0.33's dynamic VRAM mode (its default on NVIDIA) alone and with Viking, on a real
+server: a Flux-shaped diffusion model (flux_model.build, seeded random bf16) saved as
+safetensors and loaded by ComfyUI's UNETLoader, so the dynamic path maps it from the file;
+VRAM held down by another process (--free-gib free). The conditioning comes from a small node
+this bench writes into the server's custom_nodes (seeded random tensors of Flux's shapes: the
+text encoders are not what is measured).
+
+Modes, each a fresh server: dynamic (ComfyUI alone), dynamic_nodes (Viking Pin Model between
+the loader and the sampler), dynamic_engine (VIKING_ENGINE_MODE=1, no node), static_nodes
+(--disable-dynamic-vram with the node: the cross-check). Per server: the first prompt from a
+cold start (the file's pages dropped from the page cache first), two warm prompts, then memory
+pressure (the file's page cache dropped with posix_fadvise(DONTNEED), the server's mappings
+of it paged out with process_madvise(MADV_PAGEOUT)) and one more prompt. Recorded: seconds per
+prompt, peak RSS (VmHWM), Viking's and ComfyUI's pinned bytes, ComfyUI's pin ceiling, the
+latent's hash (bit-identity across modes).
+
+usage: python bench/gpu_dynamic.py OUT.json [--depth 19] [--free-gib 16] [--steps 4] [--size 1024]
+(run by ComfyUI 0.33's Python; writes the model file once under .comfy/cache)
+"""
+
+import ctypes
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path[:0] = [str(REPO / "tests"), str(BENCH)]
+
+from comfy_server import CACHE_DIR, ComfyServer, comfy_install, prepare_base_dir  # noqa: E402
+from flux_model import arg  # noqa: E402
+from server_tools import bad_lines, hold_vram, run_seconds, status_bytes  # noqa: E402
+
+out_path = sys.argv[1]
+depth, free_gib, steps, size = arg("--depth", 19, int), arg("--free-gib", 16.0), arg("--steps", 4, int), arg("--size", 1024, int)
+modes = arg("--modes", "dynamic,dynamic_nodes,dynamic_engine,static_nodes", str).split(",")
+MODEL = f"flux_shaped_d{depth}.safetensors"
+libc = ctypes.CDLL(None, use_errno=True)
+result = dict(bench="gpu_dynamic", date=time.strftime("%Y-%m-%d"), depth=depth, free_gib=free_gib, steps=steps, size=size,
+              modes={}, checks=[])
+
+COND_NODE = '''
+import torch
+
+class VikingBenchFluxConditioning:
+    """Seeded random conditioning of Flux's shapes (T5 context 256x4096, pooled 768)."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seed": ("INT", {"default": 0})}}
+    RETURN_TYPES = ("CONDITIONING",)
+    FUNCTION = "make"
+    CATEGORY = "bench"
+
+    def make(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        context = torch.randn(1, 256, 4096, generator=g) * 0.5
+        pooled = torch.randn(1, 768, generator=g) * 0.5
+        return ([[context, {"pooled_output": pooled, "guidance": 3.5}]],)
+
+NODE_CLASS_MAPPINGS = {"VikingBenchFluxConditioning": VikingBenchFluxConditioning}
+'''
+
+
+def check(ok, what):
+    result["checks"].append({"ok": bool(ok), "what": what})
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+
+
+def save():
+    result["ok"] = all(c["ok"] for c in result["checks"])
+    Path(out_path).write_text(json.dumps(result, indent=1))
+
+
+def model_file() -> Path:
+    path = CACHE_DIR / MODEL
+    if not path.exists():
+        import safetensors.torch
+        import flux_model
+
+        flux_model.start_comfy(str(comfy_install("0.33").tree), cpu=False)
+        model, _ = flux_model.build(depth, tiny=False)
+        state = {k: v.contiguous() for k, v in model.diffusion_model.state_dict().items()}
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        safetensors.torch.save_file(state, str(path) + ".part")
+        os.replace(str(path) + ".part", path)
+        del model, state
+    return path
+
+
+def drop_file_cache(path: Path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+class Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def page_out_file(pid: int, path: Path) -> int:
+    """process_madvise(MADV_PAGEOUT) on each mapping of `path` in `pid`; bytes advised."""
+    pidfd = libc.syscall(434, pid, 0)  # pidfd_open
+    advised = 0
+    try:
+        for line in open(f"/proc/{pid}/maps"):
+            fields = line.split()
+            if len(fields) >= 6 and fields[5] == str(path):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                vec = Iovec(start, end - start)
+                done = libc.syscall(440, pidfd, ctypes.byref(vec), 1, 21, 0)  # process_madvise, MADV_PAGEOUT
+                advised += max(0, done)
+    finally:
+        os.close(pidfd)
+    return advised
+
+
+def graph(viking: bool, seed: int) -> dict:
+    api = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": MODEL, "weight_dtype": "default"}},
+        "3": {"class_type": "VikingBenchFluxConditioning", "inputs": {"seed": 1}},
+        "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": size, "height": size, "batch_size": 1}},
+        "5": {"class_type": "KSampler", "inputs": {"model": ["1", 0], "positive": ["3", 0], "negative": ["3", 0],
+                                                    "latent_image": ["4", 0], "seed": seed, "steps": steps, "cfg": 1.0,
+                                                    "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0}},
+        "6": {"class_type": "SaveLatent", "inputs": {"samples": ["5", 0], "filename_prefix": f"s{seed}"}},
+    }
+    if viking:
+        api["2"] = {"class_type": "VikingPinModel", "inputs": {"model": ["1", 0], "budget_gib": 0.0, "headroom_gib": 0.0,
+                                                                "backend": "auto", "priority": 0, "pinned_home": True,
+                                                                "vram_cap_gib": 0.0}}
+        api["5"]["inputs"]["model"] = ["2", 0]
+    return api
+
+
+def latent_hash(server, entry) -> str | None:
+    for node in entry.get("outputs", {}).values():
+        for item in node.get("latents", []):
+            folder = server.base_dir / "output" / item.get("subfolder", "")
+            return hashlib.sha256((folder / item["filename"]).read_bytes()).hexdigest()
+    return None
+
+
+def run_mode(mode: str, path: Path) -> dict:
+    base = Path(tempfile.mkdtemp(prefix=f"gpu_dynamic_{mode}_"))
+    nodes = {"viking_engine": REPO} if mode != "dynamic" else {}
+    prepare_base_dir(base, custom_nodes=nodes)
+    (base / "custom_nodes" / "viking_bench_nodes").mkdir(exist_ok=True)
+    (base / "custom_nodes" / "viking_bench_nodes" / "__init__.py").write_text(COND_NODE)
+    (base / "models" / "diffusion_models").mkdir(parents=True, exist_ok=True)
+    link = base / "models" / "diffusion_models" / MODEL
+    link.symlink_to(path)
+    (base / "frontend").mkdir(exist_ok=True)
+    extra = ["--disable-metadata", "--front-end-root", str(base / "frontend")]
+    if mode.startswith("static"):
+        extra.append("--disable-dynamic-vram")
+    env = {"VIKING_ENGINE_MODE": "1"} if mode == "dynamic_engine" else {}
+    viking_node = mode.endswith("nodes")
+    row = dict(prompts=[])
+    drop_file_cache(path)
+    with ComfyServer(base, extra, cpu=False, version="0.33", env=env, start_timeout=300) as server:
+        for index, stage in enumerate(("cold start", "warm", "warm", "after pressure")):
+            if stage == "after pressure":
+                row["paged_out_bytes"] = page_out_file(server.pid, path)
+                drop_file_cache(path)
+            entry = server.run_prompt(graph(viking_node, seed=index), timeout=900)
+            prompt = dict(stage=stage, seconds=run_seconds(entry), latent=latent_hash(server, entry))
+            if mode != "dynamic":
+                status = server.get("/viking/status")
+                model = next((o for o in status["owners"] if "Flux" in o["label"] or o["label"].startswith("MODEL")), {})
+                prompt.update(viking_pinned_bytes=status["pinned_bytes"], comfy=status.get("comfy"),
+                              dynamic=model.get("dynamic"), notes=model.get("notes"), budget=status["budget"]["reason"])
+            row["prompts"].append(prompt)
+            print(mode, json.dumps(prompt), flush=True)
+        row["peak_rss_bytes"] = status_bytes(server.pid, "VmHWM")
+        log = server.log_path.read_text(errors="replace")
+    row["bad_log_lines"] = bad_lines(log)
+    row["dynamic_vram_on"] = "DynamicVRAM support detected and enabled" in log
+    result["modes"][mode] = row
+    save()
+    return row
+
+
+path = model_file()
+result["model_bytes"] = path.stat().st_size
+holder, held = hold_vram(free_gib)
+result["held_vram_bytes"] = held
+try:
+    for mode in modes:
+        run_mode(mode, path)
+finally:
+    holder.kill()
+
+rows = result["modes"]
+latents = {m: [p["latent"] for p in r["prompts"]] for m, r in rows.items()}
+reference = latents.get("dynamic")
+for mode, hashes in latents.items():
+    check(hashes == reference and None not in hashes, f"{mode}: latents bit-identical to ComfyUI dynamic alone")
+for mode, row in rows.items():
+    check(not row["bad_log_lines"], f"{mode}: no CUDA error, Pin error or traceback in the log: {row['bad_log_lines'][:3]}")
+    if mode.startswith("dynamic"):
+        check(row["dynamic_vram_on"], f"{mode}: ComfyUI ran in dynamic VRAM mode")
+alone = rows.get("dynamic")
+summary = {}
+for mode, row in rows.items():
+    if alone is None or mode == "dynamic":
+        continue
+    ratios = {p["stage"] + (f" {i}" if p["stage"] == "warm" else ""): round(p["seconds"] / a["seconds"], 3)
+              for i, (p, a) in enumerate(zip(row["prompts"], alone["prompts"])) if p["seconds"] and a["seconds"]}
+    summary[mode] = dict(seconds_over_dynamic_alone=ratios, peak_rss_over_dynamic_alone=round(row["peak_rss_bytes"] / alone["peak_rss_bytes"], 3))
+result["summary"] = summary
+save()
+print(json.dumps(summary, indent=1))
+sys.exit(0 if result["ok"] else 1)

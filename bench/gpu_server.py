@@ -1,0 +1,150 @@
+"""A real ComfyUI server on a CUDA GPU, with and without Viking, on the example low-VRAM workflow
+(workflows/viking_lowvram.json: Pin Model / CLIP / VAE, then KSampler and VAE decode), with VRAM
+held down by a dummy allocation in another process so that the model streams as on a small card
+(ComfyUI puts a model straight into VRAM when it fits in what is free).
+
+Per server (a fresh one per mode): four prompts (plain, a LoRA through LoraLoader, a hook LoRA
+through CreateHookLora + ConditioningSetProperties, plain again), then --cycles cycles of
+POST /free (unload the models and drop ComfyUI's cache) + the plain prompt, with the process RSS
+and Viking's registration counters after each. Checks: images bit-identical between the modes at
+every prompt; no CUDA error, "Pin error", "Tried to unpin" or traceback in the log; with Viking,
+after the last /free every registration made has been released; RSS flat over the cycles.
+
+usage: python bench/gpu_server.py VERSION OUT.json [--free-gib G] [--cycles N] [--steps N] [--dynamic]
+VERSION: 0.3.75 or 0.33; --dynamic: 0.33's default dynamic VRAM mode (else --disable-dynamic-vram).
+"""
+
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from comfy_server import (ComfyServer, api_prompt_from_ui_workflow, cached_checkpoint, cached_lora,  # noqa: E402
+                          prepare_base_dir, wait_for, without_viking)
+from flux_model import arg  # noqa: E402
+from server_tools import bad_lines, hold_vram, run_seconds, status_bytes  # noqa: E402
+
+version, out_path = sys.argv[1], sys.argv[2]
+free_gib, cycles, steps = arg("--free-gib", 2.0, float), arg("--cycles", 4, int), arg("--steps", 6, int)
+dynamic = "--dynamic" in sys.argv
+LORA = "synthetic_lora.safetensors"
+result = dict(bench="gpu_server", version=version, date=time.strftime("%Y-%m-%d"), dynamic=dynamic, free_gib=free_gib,
+              cycles=cycles, steps=steps, modes={}, checks=[])
+
+
+def check(ok, what):
+    result["checks"].append({"ok": bool(ok), "what": what})
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+
+
+def save():
+    result["ok"] = all(c["ok"] for c in result["checks"])
+    Path(out_path).write_text(json.dumps(result, indent=1))
+
+
+def image_hash(server, entry):
+    files = server.output_files(entry)
+    return hashlib.sha256(Path(files[0]).read_bytes()).hexdigest() if files else None
+
+
+def graph(server, viking, seed, lora=None):
+    ui = json.loads((REPO / "workflows" / "viking_lowvram.json").read_text())
+    api = api_prompt_from_ui_workflow(ui, server.object_info())
+    if not viking:
+        api = without_viking(api)
+    sampler = next(k for k, v in api.items() if v["class_type"] == "KSampler")
+    api[sampler]["inputs"].update(seed=seed, steps=steps)
+    encoders = [k for k, v in api.items() if v["class_type"] == "CLIPTextEncode"]
+    positive = api[sampler]["inputs"]["positive"][0]
+    if lora == "lora":
+        api["900"] = {"class_type": "LoraLoader", "inputs": {"model": api[sampler]["inputs"]["model"],
+                      "clip": api[encoders[0]]["inputs"]["clip"], "lora_name": LORA, "strength_model": 1.0, "strength_clip": 0.0}}
+        api[sampler]["inputs"]["model"] = ["900", 0]
+    elif lora == "hook":
+        api["901"] = {"class_type": "CreateHookLora", "inputs": {"lora_name": LORA, "strength_model": 1.0, "strength_clip": 0.0}}
+        api["902"] = {"class_type": "ConditioningSetProperties", "inputs": {
+            "cond_NEW": [positive, 0], "strength": 1.0, "set_cond_area": "default", "hooks": ["901", 0]}}
+        api[sampler]["inputs"]["positive"] = ["902", 0]
+    return api
+
+
+def run_mode(viking):
+    name = "viking" if viking else "comfy"
+    base = prepare_base_dir(Path(tempfile.mkdtemp(prefix=f"gpu_server_{name}_")), checkpoint=cached_checkpoint(),
+                            custom_nodes={"viking_engine": REPO} if viking else {}, loras={LORA: cached_lora()})
+    empty_frontend = base / "frontend"  # the API is all this needs: no UI package to carry
+    empty_frontend.mkdir(exist_ok=True)
+    extra = ["--disable-metadata", "--front-end-root", str(empty_frontend)]
+    if version != "0.3.75" and not dynamic:
+        extra.append("--disable-dynamic-vram")
+    row = dict(prompts=[], cycles=[])
+    with ComfyServer(base, extra, cpu=False, version=version, start_timeout=300) as server:
+        for seed, lora in ((1, None), (2, "lora"), (3, "hook"), (4, None)):
+            entry = server.run_prompt(graph(server, viking, seed, lora), timeout=600)
+            prompt = dict(seed=seed, lora=lora, seconds=run_seconds(entry), image=image_hash(server, entry))
+            if viking:
+                status = server.get("/viking/status")
+                model = next((o for o in status["owners"] if o["label"].startswith("MODEL")), {})
+                prompt.update(pinned_bytes=status["pinned_bytes"], model_vram_bytes=model.get("vram_bytes"),
+                              model_wanted_bytes=model.get("wanted_bytes"), comfy=status.get("comfy"),
+                              notes=model.get("notes"), home_bytes=model.get("home_bytes"), prefetch=model.get("prefetch"))
+            row["prompts"].append(prompt)
+            print(name, json.dumps(prompt), flush=True)
+        for cycle in range(cycles):
+            server.free(unload_models=True, free_memory=True, settle=1.0)
+            entry = server.run_prompt(graph(server, viking, 1), timeout=600)
+            item = dict(cycle=cycle, seconds=run_seconds(entry), image=image_hash(server, entry), rss_bytes=status_bytes(server.pid, "VmRSS"))
+            if viking:
+                counters = server.get("/viking/status")["counters"]
+                item.update(registrations=counters["registrations"], releases=counters["releases"])
+            row["cycles"].append(item)
+            print(name, json.dumps(item), flush=True)
+        server.free(unload_models=True, free_memory=True, settle=1.0)
+        if viking:
+            settled = wait_for(lambda: server.get("/viking/status")["pinned_bytes"] == 0, timeout=30)
+            status = server.get("/viking/status")
+            row["after_free"] = dict(pinned_bytes=status["pinned_bytes"], counters=status["counters"], settled=settled,
+                                     release_failures=status["release_failures"], events=status["events"][-5:])
+        log = server.log_path.read_text(errors="replace")
+    row["bad_log_lines"] = bad_lines(log)
+    result["modes"][name] = row
+    save()
+    return row
+
+
+holder, held = hold_vram(free_gib)
+result["held_vram_bytes"] = held
+try:
+    comfy_row = run_mode(viking=False)
+    viking_row = run_mode(viking=True)
+finally:
+    holder.kill()
+
+pairs = list(zip(comfy_row["prompts"] + comfy_row["cycles"], viking_row["prompts"] + viking_row["cycles"]))
+same = sum(1 for a, b in pairs if a["image"] and a["image"] == b["image"])
+check(same == len(pairs) > 0, f"images bit-identical with and without Viking: {same} of {len(pairs)}")
+check(len({p["image"] for p in comfy_row["prompts"]}) == 4 or comfy_row["prompts"][0]["image"] == comfy_row["prompts"][3]["image"],
+      "the LoRA and the hook LoRA change the image (the comparison can fail)")
+for name, row in result["modes"].items():
+    check(not row["bad_log_lines"], f"{name}: no CUDA error, Pin error, 'Tried to unpin' or traceback in the log: {row['bad_log_lines'][:3]}")
+after = viking_row.get("after_free", {})
+counters = after.get("counters", {})
+check(after.get("pinned_bytes") == 0 and counters.get("registrations") == counters.get("releases") and counters.get("failures") == 0,
+      f"after /free every registration made was released: {counters}")
+streamed = [p for p in viking_row["prompts"] if p.get("model_vram_bytes") is not None and p["model_vram_bytes"] < (p.get("model_wanted_bytes") or 0)]
+result["viking_streamed_prompts"] = len(streamed)
+rss = [c["rss_bytes"] for c in viking_row["cycles"]]
+if len(rss) >= 3:
+    spread = max(rss[1:]) - min(rss[1:])
+    check(spread < 256 << 20, f"Viking: RSS flat over the /free cycles after the first (spread {spread >> 20} MiB)")
+for name in ("comfy", "viking"):
+    seconds = [c["seconds"] for c in result["modes"][name]["cycles"] if c["seconds"]]
+    result["modes"][name]["cycle_seconds"] = seconds
+save()
+sys.exit(0 if result["ok"] else 1)

@@ -1,0 +1,37 @@
+"""What the real-server GPU benches share (bench/gpu_server.py, bench/gpu_dynamic.py): a process
+holding VRAM down, a prompt's run time from ComfyUI's own timestamps, the process's memory, and
+the log lines that must never appear."""
+
+import subprocess
+import sys
+
+BAD_LOG_LINES = ("Pin error", "Tried to unpin", "CUDA error", "Traceback", "cudaError", "invalid argument")
+
+
+def hold_vram(keep_free_gib):
+    """A process that allocates all but `keep_free_gib` of the GPU's free memory and waits
+    (ComfyUI puts a model straight into VRAM when it fits in what is free). Returns it and the
+    bytes it holds; kill() it to give them back."""
+    code = ("import sys, torch; free, _ = torch.cuda.mem_get_info(); "
+            f"hold = torch.empty(max(0, free - int({keep_free_gib} * 2**30)), dtype=torch.uint8, device='cuda'); "
+            "print('held', hold.numel(), flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    return proc, int(line.split()[1])
+
+
+def status_bytes(pid, field):
+    """A kB field of /proc/PID/status (VmRSS, VmHWM, VmLck), in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field + ":"))
+
+
+def run_seconds(entry):
+    """Seconds from execution_start to execution_success of one prompt (ComfyUI's timestamps)."""
+    stamps = {kind: msg.get("timestamp") for kind, msg in entry["status"].get("messages", [])}
+    start, end = stamps.get("execution_start"), stamps.get("execution_success")
+    return round((end - start) / 1000, 3) if start and end else None
+
+
+def bad_lines(log_text):
+    return [line for line in log_text.splitlines() if any(bad in line for bad in BAD_LOG_LINES)][:20]

@@ -1,0 +1,200 @@
+"""The written contract of what the native module returns (JSON) and what lifecycle.status()
+adds, as TypedDicts. The Rust side is src/status.rs, src/engine/mod.rs (Report) and
+src/budget.rs; viking_native.pyi types the functions. tests/test_contract.py checks real
+output against these, key by key, both ways: a field renamed on one side fails there instead
+of printing nothing."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple, TypedDict
+
+# --- native: reconcile() -----------------------------------------------------------------------
+
+
+class Budget(TypedDict):
+    limit_bytes: int
+    pinned_bytes: int
+    room_bytes: int
+    excess_bytes: int
+    headroom_bytes: int
+    bound_by: str  # user, os_cap, headroom, pressure, commit
+    terms: List[Tuple[str, int]]
+    reason: str
+
+
+class SkipSummary(TypedDict):
+    reason: str  # over_budget, not_host_memory, read_only_file_mapping, pinned_by_other, ... failed
+    description: str
+    bytes: int
+    count: int
+
+
+class Report(TypedDict):
+    owner: int
+    backend: Optional[str]
+    wanted_bytes: int
+    pinned_bytes: int
+    newly_pinned_bytes: int
+    released_bytes: int
+    regions_registered: int
+    failures: List[str]
+    skipped: List[SkipSummary]
+    evicted: List[Tuple[int, int]]
+    budget: Budget
+
+
+class ModelReport(Report, total=False):
+    """What lifecycle.reconcile returns: the native report and what the Python side adds."""
+    home_bytes: int
+    home_note: Optional[str]
+    notes: List[str]
+    prefetch: Optional[dict]
+    standing_aside: str
+
+
+# --- native: status_json() ---------------------------------------------------------------------
+
+
+class Memory(TypedDict):
+    total_ram: int
+    available_ram: int
+    swap_total: int
+    swap_used: int
+    container_limit: Optional[int]
+    pinned_by_us: int
+    given_back_under_pressure: int
+    pinned_by_others: int
+    commit_limit: Optional[int]
+    commit_available: Optional[int]
+    os: str
+
+
+class Policy(TypedDict):
+    limit: dict  # {"mode": "auto"} or {"mode": "bytes" | "share_of_ram", "value": ...}
+    headroom_bytes: Optional[int]
+
+
+class OwnerStatus(TypedDict):
+    owner: int
+    label: str
+    priority: int
+    wanted_bytes: int
+    pinned_bytes: int
+    regions: int
+    by_backend: dict  # backend name -> bytes
+    skipped: List[SkipSummary]
+    resident_bytes: Optional[int]
+    swapped_bytes: Optional[int]
+    pinned_swapped_bytes: Optional[int]
+
+
+class Cuda(TypedDict):
+    available: bool
+    reason: Optional[str]
+    device: Optional[dict]
+    free_bytes: Optional[int]
+    total_bytes: Optional[int]
+
+
+class Paging(TypedDict):
+    swap_total: int
+    swap_used: int
+    process_swapped_bytes: Optional[int]
+    swapped_in_since_start: Optional[int]
+    swapped_out_since_start: Optional[int]
+    swapped_in_since_last_run: Optional[int]
+    swapped_out_since_last_run: Optional[int]
+    process_page_faults: Optional[int]
+    commit_limit: Optional[int]
+    commit_available: Optional[int]
+    working_set_minimum: Optional[int]
+
+
+class Counters(TypedDict):
+    registrations: int
+    releases: int
+    failures: int
+
+
+class NativeStatus(TypedDict):
+    version: str
+    memory: Memory
+    policy: Policy
+    budget: Budget
+    pinned_bytes: int
+    registrations: int
+    owners: List[OwnerStatus]
+    cuda: Cuda
+    os_lock_available: bool
+    paging: Paging
+    counters: Counters
+    release_failures: int
+    last_release_error: Optional[str]
+    events: List[str]
+
+
+# --- lifecycle.status(): the native status and what the Python side adds ----------------------
+
+
+class ModelStatus(OwnerStatus):
+    vram_cap_bytes: int
+    vram_bytes: Optional[int]
+    home_bytes: int
+    pinned_home: bool
+    home_note: Optional[str]
+    prefetch: Optional[dict]
+    notes: List[str]
+    standing_aside: Optional[str]
+    dynamic: Optional["DynamicModel"]
+
+
+class DynamicModel(TypedDict):
+    """Per model in ComfyUI's dynamic VRAM mode (dynamic.summary)."""
+    staged_bytes: int  # RAM of ComfyUI's staging copies of this model
+    staged_pinned_bytes: int  # ... of it registered
+    file_view_bytes: int  # Viking's shared views of the checkpoint, for residency
+    file_view_resident_bytes: int
+    checkpoint_resident_bytes: int  # of the model's mapped weights, in RAM now (page cache)
+    checkpoint_bytes: int
+    kept_in_current_prompt: bool
+    pin_ceiling_bytes: int
+
+
+class ComfyHost(TypedDict):
+    version: Optional[str]
+    mode: str  # static, dynamic, cpu, none
+    notes: List[str]
+    pinned_bytes: int
+    pinned_tensors: int
+    pin_ceiling_bytes: int  # ComfyUI's MAX_PINNED_MEMORY now (Viking's budget in dynamic mode)
+
+
+class Status(NativeStatus):
+    owners: List[ModelStatus]  # type: ignore[misc]
+    comfy: ComfyHost
+    native: dict  # native.build_info(): where the module came from, and whether it matches the source
+    deferred_changes: List[str]
+    applied_changes: List[dict]
+
+
+def key_mismatches(value: Any, typed, where: str = "") -> list[str]:
+    """Keys of `value` (JSON data) that `typed` (a TypedDict) lacks, and keys it requires that
+    `value` lacks, through nested TypedDicts and lists of them."""
+    import typing
+
+    hints = typing.get_type_hints(typed)
+    problems = [f"{where}{k}: not in {typed.__name__}" for k in value if k not in hints]
+    problems += [f"{where}{k}: missing" for k in getattr(typed, "__required_keys__", hints) if k not in value]
+    for key, hint in hints.items():
+        if key not in value or value[key] is None:
+            continue
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if origin is typing.Union:
+            hint = next(a for a in args if a is not type(None))
+            origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if isinstance(hint, type) and hasattr(hint, "__required_keys__"):
+            problems += key_mismatches(value[key], hint, f"{where}{key}.")
+        elif origin in (list, List) and args and hasattr(args[0], "__required_keys__"):
+            for index, item in enumerate(value[key]):
+                problems += key_mismatches(item, args[0], f"{where}{key}[{index}].")
+    return problems

@@ -1,0 +1,135 @@
+"""What Viking does in ComfyUI 0.33's dynamic VRAM mode (comfy-aimdo), the default on NVIDIA.
+
+There ComfyUI keeps a model's weights in its own private read-only mapping of the checkpoint
+and, at each forward, reads each module's weights from the file into a slice of its own pinned
+host buffer ("staging") and copies them to the GPU (comfy.py has the details). Viking brings:
+
+1. Governance. Viking's live budget (headroom, container limit, commit charge, pressure) is
+   ComfyUI's ceiling on staging registrations (MAX_PINNED_MEMORY, read at call time), less what
+   Viking holds itself, updated while the server runs (`govern`). Pinned models of higher
+   priority keep their staging first: ComfyUI's per-model eviction calls are refused for them
+   while a lower-priority model still has staging to give (`refuses`), and a model with a
+   positive priority stays among "the current prompt's" models, which ComfyUI evicts last. A
+   node's budget_gib also bounds the model's staging RAM (given back at its next event).
+2. Residency. The checkpoint pages of a pinned model's weights stay in RAM: Viking maps the same
+   file ranges shared and read-only (backend/file_view.rs) and locks them within the budget.
+   Memory pressure can no longer evict them, so a run after pressure reads from RAM, not disk.
+   (Never aimdo's own mapping: a private read-only file mapping registered with CUDA hung.)
+3. In place: not shipped. ComfyUI's staging never reads the mapping (it preads the file into
+   its buffer); making it read Viking's registered pages would mean writing its private
+   per-module pin slots. README.md says what was measured and why.
+A ComfyUI whose dynamic internals differ from 0.33's makes Viking stand aside for those models
+with the reason (comfy.dynamic_internals_problem).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from . import comfy, models
+from .native import native
+
+log = logging.getLogger("viking_engine")
+UNGOVERNED_PRIORITY = -(10**6)  # a model no Viking node or engine mode pins
+
+
+def ceiling_for_comfy(budget: dict, memory: dict) -> int:
+    """ComfyUI's share of the budget, less Viking's own pins. Viking's limit leaves out what
+    others hold for the OS cap, headroom, pressure and commit terms (so ComfyUI's own pins
+    are added back), not for the user's budget, which here covers ComfyUI's staging too."""
+    others = 0 if budget["bound_by"] == "user" else memory["pinned_by_others"]
+    return max(1, budget["limit_bytes"] + others - budget["pinned_bytes"])
+
+
+def govern():
+    """Hands Viking's live budget to ComfyUI as its pin ceiling. Cheap; any thread (one
+    assignment that ComfyUI reads at call time); no-op outside dynamic VRAM mode."""
+    if native is None or not comfy.dynamic_vram_enabled() or not comfy.pinning_enabled():
+        return
+    native.note_foreign_pins(comfy.comfy_pinned_total())
+    snapshot = json.loads(native.budget_json())
+    comfy.set_pin_ceiling(ceiling_for_comfy(snapshot["budget"], snapshot["memory"]))
+
+
+def refuses(priority: int, others: list[tuple[int, int]]) -> bool:
+    """Whether a model of `priority` should keep its staging now: some model of lower priority
+    still has staging (bytes > 0) to give. `others`: (priority, bytes) of the other models."""
+    return any(other_priority < priority and nbytes > 0 for other_priority, nbytes in others)
+
+
+def _priority_of(patcher) -> int:
+    record = models.get(comfy.owner_of(patcher))
+    return record.settings.priority if record is not None else UNGOVERNED_PRIORITY
+
+
+def _refuse_for(owner: int):
+    def refuse(kind: str) -> bool:
+        record = models.get(owner)
+        if record is None:
+            return False
+        others = []
+        for patcher in comfy.loaded_dynamic_patchers():
+            if comfy.owner_of(patcher) != owner:
+                ram, registered = comfy.staged_bytes(patcher)
+                others.append((_priority_of(patcher), ram if kind == "ram" else registered))
+        return refuses(record.settings.priority, others)
+    return refuse
+
+
+def attach(patcher, record):
+    """Viking's hold on a dynamic patcher's staging (instance wrappers; clones get them again)."""
+    comfy.guard_staging_eviction(patcher, _refuse_for(record.owner))
+
+
+def after_event(patcher, record):
+    """On the execution thread after a ComfyUI event: the priority flag, the model's own limit
+    on its staging RAM, and the ceiling."""
+    comfy.keep_in_current_prompt(patcher, record.settings.priority > 0)
+    limit = int(record.settings.model_limit_gib * (1 << 30))
+    if limit:
+        staged, _ = comfy.staged_bytes(patcher)
+        if staged > limit:
+            comfy.drop_staging(patcher, staged - limit)
+    govern()
+
+
+def file_ranges(patcher, record) -> list[tuple[int, int, object]]:
+    """(address, bytes, keepalive) of the model's checkpoint pages through Viking's own shared
+    read-only views (one per file, covering the model's slices of it), for the native pins.
+    A file that cannot be mapped (shorter than ComfyUI's slices: replaced or truncated on disk)
+    gets a note and no residency."""
+    page = 4096
+    by_file: dict[int, list[tuple[int, int]]] = {}
+    for fd, offset, size in comfy.checkpoint_slices(patcher):
+        by_file.setdefault(fd, []).append((offset, size))
+    ranges = []
+    for fd, slices in by_file.items():
+        start = min(offset for offset, _ in slices) // page * page
+        end = max(offset + size for offset, size in slices)
+        view = record.file_views.get(fd)
+        if view is None or view[1] != start or view[0].len < end - start:
+            try:
+                view = (native.map_file(fd, start, end - start), start)
+            except ValueError as error:
+                note = f"no residency for one checkpoint file: {error}"
+                if note not in record.notes:
+                    record.notes.append(note)
+                    log.warning("Viking Engine: %s", note)
+                continue
+            record.file_views[fd] = view
+        mapping, base = view
+        ranges += [(mapping.addr + offset - base, size, mapping) for offset, size in slices]
+    return ranges
+
+
+def summary(patcher, record) -> dict:
+    """What the status shows per model in dynamic mode."""
+    staged, staged_pinned = comfy.staged_bytes(patcher)
+    file_bytes = sum(view.len for view, _ in record.file_views.values())
+    resident = [view.resident_bytes() for view, _ in record.file_views.values()]
+    checkpoint_resident = sum(native.resident_bytes(addr, length) or 0 for addr, length in comfy.mapped_storage_spans(patcher))
+    return {"staged_bytes": staged, "staged_pinned_bytes": staged_pinned, "file_view_bytes": file_bytes,
+            "file_view_resident_bytes": sum(r or 0 for r in resident), "checkpoint_resident_bytes": checkpoint_resident,
+            "checkpoint_bytes": sum(length for _, length in comfy.mapped_storage_spans(patcher)),
+            "kept_in_current_prompt": record.settings.priority > 0, "pin_ceiling_bytes": comfy.pin_ceiling()}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU checks, on the GPU machine (no network, no Rust toolchain: see the device notes in
+# README.md). What it needs is carried in folders under .gpu/ (git-ignored), made here by
+#   bash scripts/gpu_check.sh carry      # wheels for CPython 3.12 + the ComfyUI trees + this
+#                                        # project's wheel, split into .gpu/c1 and .gpu/c2 (each
+#                                        # under the 64 MiB a call may carry)
+# and on the GPU machine, in one call per carried folder (the second within 30 s of the first,
+# while the machine is warm and /tmp/site is still there):
+#   bash scripts/gpu_check.sh install .gpu/c1 [PART...]
+#   bash scripts/gpu_check.sh install .gpu/c2 [PART...]
+# PARTs, each writing its result files to $OUT (bench/results/ names):
+#   tests     the GPU tests of the suite (native CUDA path, pressure release of CUDA pins,
+#             pinned home and prefetch through ComfyUI's model management)
+#   servers   a real ComfyUI server per version on the GPU (tests/test_gpu_server.py)
+#   figures   the benches whose figures the README quotes, re-measured at this commit
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/viking-gpu-out}"
+mkdir -p "$OUT"
+
+carry() {
+    local platforms="--platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64
+        --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any"
+    local get="python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $platforms"
+    rm -rf .gpu/c1 .gpu/c2 && mkdir -p .gpu/c1 .gpu/c2
+    # ComfyUI 0.33's comfy-kitchen alone is 56 MB: it travels with the 0.3.75 tree and our wheel.
+    $get -d .gpu/c1 comfy-kitchen==0.2.31
+    $get -d .gpu/c2 torchsde trampoline alembic Mako SQLAlchemy greenlet kornia kornia_rs spandrel pydantic pydantic_core \
+        pydantic-settings python-dotenv annotated-types typing-inspection av comfy-aimdo==0.4.13 blake3 simpleeval
+    .venv/bin/maturin build --release -o .gpu/c1 --quiet
+    # The trees without what a server on the API never reads (API nodes, blueprints, tests,
+    # tokenizer data of text encoders the tests do not use): the calls carry at most 64 MiB.
+    local skip=(--exclude=__pycache__ --exclude='*/comfy_api_nodes' --exclude='*/blueprints' --exclude='*/tests-unit'
+                --exclude='*/tests' --exclude='*/script_examples' --exclude='*.md' --exclude='*/text_encoders/*/*.json'
+                --exclude='*/text_encoders/*/*.model' --exclude='*/text_encoders/*/*.txt' --exclude='*/text_encoders/*/*.gz'
+                --exclude='*/text_encoders/*/*.tiktoken')
+    tar czf .gpu/c1/comfy-0.3.75.tgz "${skip[@]}" -C .comfy ComfyUI
+    tar czf .gpu/c2/comfy-0.33.tgz "${skip[@]}" -C .comfy ComfyUI-0.33
+    du -sh .gpu/c1 .gpu/c2
+}
+
+install() {
+    local from="$1"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$from"/*.whl
+    mkdir -p .comfy
+    for tree in "$from"/comfy-*.tgz; do tar xzf "$tree" -C .comfy; done
+    # The installs tests/comfy_server.py expects, run by this machine's python3 (PYTHONPATH above).
+    for venv in .venv .comfy/venv-0.33; do
+        mkdir -p "$venv/bin" && ln -sf "$(command -v python3)" "$venv/bin/python" && touch "$venv/.setup-stamp-gpu"
+    done
+}
+
+part_tests() {
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_reliability.py \
+        tests/test_gpu_streaming.py -k "cuda or gpu or gigabytes" 2>&1 | tee "$OUT/tests.log"
+}
+
+part_servers() {
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py 2>&1 | tee "$OUT/servers.log"
+}
+
+part_figures() {
+    local comfy=.comfy/ComfyUI
+    python3 bench/comfy_home.py $comfy "$OUT/gpu_home_timing.json" --parts timing,alternate --reps 3 --switches 4
+    python3 bench/comfy_vram_cap.py $comfy "$OUT/gpu_vram_cap.json" --caps 4,12 --modes comfy,viking,comfy_same_peak --reps 3
+    python3 bench/gpu_perf.py $comfy "$OUT/gpu_perf.json" --depth 19 --vram-gib 12 --reps 3
+}
+
+case "${1:-}" in
+    carry) carry ;;
+    install)
+        install "$2"
+        for part in "${@:3}"; do "part_$part"; done ;;
+    *) echo "usage: $0 carry | install FOLDER [tests|servers|figures]..." >&2; exit 2 ;;
+esac

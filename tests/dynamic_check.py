@@ -1,0 +1,161 @@
+"""ComfyUI 0.33's dynamic VRAM mode, the parts that run without a GPU (comfy_node/dynamic.py),
+with real parts: a checkpoint loaded through comfy-aimdo's own read-only mapping
+(comfy.utils.load_safetensors, as dynamic mode loads it), a real ModelPatcher over those
+weights, real page locks and real page-cache pressure. Prints named checks as JSON; exits 1 if
+one fails. Run by tests/test_dynamic.py under ComfyUI 0.33's Python.
+
+- residency: Viking's shared views of the checkpoint, locked by the OS-lock backend, keep the
+  weights' file pages in RAM under posix_fadvise(DONTNEED) + MADV_PAGEOUT of aimdo's mapping;
+  without them the same pressure evicts the pages (the check can fail);
+- a file truncated on disk: a clear note, no view, nothing pinned for it;
+- budget hand-over: ComfyUI's MAX_PINNED_MEMORY becomes Viking's budget less Viking's pins;
+- priorities: the refusal rule of ComfyUI's per-model eviction calls;
+- forget: every lock and view of the model gone.
+
+usage: python tests/dynamic_check.py COMFY_0_33_DIR WORK_DIR
+"""
+
+import ctypes
+import gc
+import json
+import os
+import sys
+
+comfy_dir, work = sys.argv[1], sys.argv[2]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [comfy_dir, ROOT]
+sys.argv = [sys.argv[0], "--cpu"]
+import comfy.options  # noqa: E402
+
+comfy.options.enable_args_parsing()
+
+import safetensors.torch  # noqa: E402
+import torch  # noqa: E402
+
+import comfy_aimdo.control  # noqa: E402
+
+comfy_aimdo.control.init()
+import comfy.memory_management  # noqa: E402
+import comfy.model_management as mm  # noqa: E402
+import comfy.model_patcher  # noqa: E402
+import comfy.utils  # noqa: E402
+
+from comfy_node import comfy as seam, dynamic, lifecycle, models  # noqa: E402
+from comfy_node.native import require  # noqa: E402
+
+native = require()
+native.configure(headroom_gib=0.0)
+checks = {}
+MIB = 1 << 20
+libc = ctypes.CDLL(None, use_errno=True)
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def locked_bytes():
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmLck"))
+
+
+def checkpoint(name, tensors=8, mib=8):
+    path = os.path.join(work, name)
+    g = torch.Generator().manual_seed(len(name))
+    state = {f"{i}.weight": torch.randn(mib * MIB // 4 // 512, 512, generator=g) for i in range(tensors)}
+    safetensors.torch.save_file(state, path)
+    return path
+
+
+def mapped_model(path):
+    """A model whose weights are aimdo's mapped tensors (what dynamic mode's loaders make)."""
+    state, _ = comfy.utils.load_safetensors(path)
+    net = torch.nn.Sequential(*[torch.nn.Linear(512, state[f"{i}.weight"].shape[0], bias=False) for i in range(len(state))])
+    net.load_state_dict({k.replace(".weight", ".weight"): v for k, v in state.items()}, assign=True)
+    return comfy.model_patcher.ModelPatcher(net, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+
+
+def resident_share(patcher):
+    spans = seam.mapped_storage_spans(patcher)
+    return sum(native.resident_bytes(a, n) or 0 for a, n in spans) / sum(n for _, n in spans)
+
+
+def pressure(path, patcher):
+    """Page-cache pressure on the checkpoint: drop its cached pages, page out aimdo's mapping."""
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    for addr, length in seam.mapped_storage_spans(patcher):
+        libc.madvise(ctypes.c_void_p(addr // 4096 * 4096), length + addr % 4096, 21)  # MADV_PAGEOUT
+
+
+def views_of(path):
+    return sum(1 for line in open("/proc/self/maps") if line.rstrip().endswith(os.path.basename(path)))
+
+
+# --- residency --------------------------------------------------------------------------------
+path = checkpoint("resident.safetensors")
+patcher = mapped_model(path)
+lifecycle.attach(patcher, lifecycle.PinSettings(label="dynamic residency", backend="os-lock", headroom_gib=0.0))
+record = lifecycle.record_of(patcher)
+weights_bytes = sum(n for _, n in seam.mapped_storage_spans(patcher))
+checks["the model's weights live in aimdo's mapping"] = len(seam.checkpoint_slices(patcher)) == 8 and weights_bytes == 64 * MIB
+for tensor in patcher.model.parameters():
+    tensor.sum()  # read once: in the page cache
+before = locked_bytes()
+ranges = dynamic.file_ranges(patcher, record)
+report = json.loads(native.reconcile(record.owner, ranges, backend="auto", label="dynamic residency"))
+checks["residency: every weight's file pages pinned"] = report["pinned_bytes"] == report["wanted_bytes"] == weights_bytes
+checks["residency: locked by the OS lock"] = locked_bytes() - before >= weights_bytes
+checks["residency: one shared view of the file beside aimdo's mapping"] = views_of(path) == 2
+pressure(path, patcher)
+checks["residency: the pages stay in RAM under pressure"] = resident_share(patcher) == 1.0
+status = lifecycle.status()
+entry = next(o for o in status["owners"] if o["owner"] == record.owner)
+checks["residency: the status sees them resident"] = entry["resident_bytes"] == weights_bytes
+native.release(record.owner)
+record.file_views.clear()  # as forget does: Viking's view gone (a mapped page cannot be dropped)
+gc.collect()
+pressure(path, patcher)
+evicted_share = resident_share(patcher)
+checks[f"control: without Viking the same pressure evicts them ({evicted_share:.2f} left)"] = evicted_share < 0.5
+
+# --- a file truncated on disk -----------------------------------------------------------------
+short_path = checkpoint("truncated.safetensors")
+short = mapped_model(short_path)
+lifecycle.attach(short, lifecycle.PinSettings(label="truncated", backend="os-lock", headroom_gib=0.0))
+short_record = lifecycle.record_of(short)
+os.truncate(short_path, os.path.getsize(short_path) // 2)
+short_ranges = dynamic.file_ranges(short, short_record)
+checks["truncated file: no ranges, no view"] = short_ranges == [] and not short_record.file_views
+checks["truncated file: a note that says what happened"] = any("replaced or truncated" in n for n in short_record.notes)
+lifecycle.forget(short_record.owner)
+
+# --- budget hand-over -------------------------------------------------------------------------
+comfy.memory_management.aimdo_enabled = True  # as main.py sets it when dynamic VRAM starts
+mm.MAX_PINNED_MEMORY = 8 << 30  # as on an NVIDIA machine (-1 under --cpu)
+seam._initial_ceiling.cache_clear()
+native.configure(budget_gib=1.0, headroom_gib=0.0)  # a 1 GiB shared budget
+mm.TOTAL_PINNED_MEMORY = 100 * MIB  # ComfyUI's staging holds 100 MiB registered
+dynamic.govern()
+ceiling_idle = mm.MAX_PINNED_MEMORY
+checks[f"hand-over: ComfyUI's ceiling is the budget ({ceiling_idle >> 20} MiB)"] = ceiling_idle == 1 << 30
+native.reconcile(record.owner, dynamic.file_ranges(patcher, record), backend="os-lock", label="dynamic residency")
+dynamic.govern()
+checks[f"hand-over: less what Viking pins ({mm.MAX_PINNED_MEMORY >> 20} MiB)"] = mm.MAX_PINNED_MEMORY == (1 << 30) - weights_bytes
+mm.TOTAL_PINNED_MEMORY = 0
+comfy.memory_management.aimdo_enabled = False
+native.configure(headroom_gib=0.0)
+
+# --- priorities -------------------------------------------------------------------------------
+checks["priority: a model keeps its staging while a lower one has some"] = dynamic.refuses(5, [(0, MIB), (9, MIB)])
+checks["priority: ... and gives when lower ones have none"] = not dynamic.refuses(5, [(0, 0), (9, MIB)])
+checks["priority: the lowest model never refuses"] = not dynamic.refuses(dynamic.UNGOVERNED_PRIORITY, [(0, MIB)])
+
+# --- forget -----------------------------------------------------------------------------------
+owner = record.owner
+lifecycle.forget(owner)
+del record, patcher, ranges
+gc.collect()
+checks["forget: no lock left"] = locked_bytes() <= before + 8 * 4096
+checks["forget: Viking's view unmapped (aimdo's own stays)"] = views_of(path) == 1
+checks["forget: no record"] = models.get(owner) is None
+
+print(json.dumps(checks, indent=1))
+sys.exit(0 if all(checks.values()) else 1)

@@ -1,0 +1,36 @@
+"""Typed stub of the native module `viking_native` (src/python.rs), shipped in the wheel.
+The JSON strings it returns follow comfy_node/contract.py (Report, NativeStatus)."""
+
+from typing import Any, Iterable, Optional, Sequence, Tuple
+
+__version__: str
+__source_hash__: str  # fnv1a64 of the native source it was built from (build.rs)
+
+class VikingNativeError(RuntimeError):
+    """A pin or release failed."""
+
+class BackendUnavailableError(VikingNativeError):
+    """The requested backend cannot run here."""
+
+def configure(budget_gib: float = 0.0, share: float = 0.0, headroom_gib: float = -1.0, device: int = 0,
+              cuda_devicemap: Optional[bool] = None) -> None:
+    """The shared budget (for all models): budget_gib (0 = auto) or a share of RAM; headroom_gib
+    (negative = auto); the CUDA device; PORTABLE|DEVICEMAP (True) or PORTABLE only (False)."""
+
+def reconcile(owner: int, ranges: Iterable[Tuple[int, int, Any]], priority: int = 0, backend: str = "auto",
+              label: str = "", model_limit_gib: float = 0.0, foreign: Sequence[Tuple[int, int]] = (),
+              others_pinned_bytes: int = 0) -> str:
+    """Makes `owner`'s pins match `ranges` ((data_ptr, nbytes, keepalive) each); returns a
+    contract.Report as JSON. model_limit_gib: this model's own limit (0: none)."""
+
+def release(owner: int) -> int: ...
+def release_all() -> int: ...
+def status_json(probe_cuda: bool = False, mark_run: bool = False) -> str:
+    """A contract.NativeStatus as JSON."""
+def cuda_device_count() -> int: ...
+def device_pointer(addr: int) -> int: ...
+def gib_to_bytes(name: str, gib: float) -> int:
+    """The one rule for sizes in GiB: 0 to 1048576; ValueError naming `name` otherwise."""
+def relieve_pressure() -> int: ...
+def set_monitor_releases(on: bool) -> None: ...
+def _set_faults(fail_pin_nth: int = 0, fail_unpin_nth: int = 0, device_lost: bool = False) -> None: ...
