@@ -402,9 +402,8 @@ def _load():
             info["problem"] = problem
         elif info["matches_source"] is False:
             info["problem"] = (
-                f"the loaded native module ({info['origin']}, {info['file']}) was built from source "
-                f"{info['module_source_hash'] or 'of unknown hash'}, but this folder's native source is "
-                f"{folder}: rebuild it (`{BUILD_FROM_SOURCE}` for this Python, `{BUILD_WHEELS}` for "
+                f"it was built from source {info['module_source_hash'] or 'of unknown hash'}, but this "
+                f"folder's native source is {folder}: rebuild it (`{BUILD_FROM_SOURCE}` for this Python, `{BUILD_WHEELS}` for "
                 f"the shipped wheels)")
     except Exception as e:  # never let the selection itself break the node's import
         module, error = None, e
@@ -421,7 +420,7 @@ def _ensure():
         if module is None:
             log.warning("[Viking] %s (%s)", info["problem"], error)
         elif info["problem"]:
-            log.warning("[Viking] native module: %s", info["problem"])
+            log.warning("[Viking] native module: %s. %s", describe_build(info), info["problem"])
         else:
             log.info("[Viking] native module: %s", describe_build(info))
     return _state

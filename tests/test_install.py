@@ -23,7 +23,7 @@ import pytest
 
 from comfy_node import native as loader  # the helpers; importing it loads nothing
 from comfy_server import (COMFY_DIR, ComfyServer, VENV_PYTHON, api_prompt_from_ui_workflow,
-                          cached_checkpoint, prepare_base_dir)
+                          cached_checkpoint, comfy_install, comfy_unavailable, prepare_base_dir)
 from memory_probe import locked_bytes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -288,15 +288,15 @@ def site_packages(python):
                                         text=True).strip())
 
 
-def make_fresh_venv(path, with_pip=True):
-    """A new venv of .venv's Python whose only extra path is a folder of symlinks to .venv's
+def make_fresh_venv(path, with_pip=True, base=VENV_PYTHON):
+    """A new venv of `base`'s Python whose only extra path is a folder of symlinks to base's
     site-packages, minus viking_native / viking_engine (and the venv's own tools)."""
-    subprocess.run([str(VENV_PYTHON), "-m", "venv", *([] if with_pip else ["--without-pip"]), str(path)], check=True)
+    subprocess.run([str(base), "-m", "venv", *([] if with_pip else ["--without-pip"]), str(path)], check=True)
     python = path / "bin" / "python"
     borrowed = path / "borrowed"
     borrowed.mkdir()
     skip = ("viking_native", "viking_engine", "pip", "_distutils_hack", "setuptools", "pkg_resources", "__pycache__")
-    for entry in site_packages(VENV_PYTHON).iterdir():
+    for entry in site_packages(base).iterdir():
         name = entry.name.lower()
         if name.startswith(skip) or name.endswith(".pth"):
             continue
@@ -351,15 +351,27 @@ def checkpoint():
     return cached_checkpoint()
 
 
-@comfy
-def test_comfyui_manager_install_without_cargo_pins_with_a_prebuilt_wheel(tmp_path, checkpoint):
-    python = make_fresh_venv(tmp_path / "venv")
+VERSIONS = pytest.mark.parametrize("version", ["0.3.75", "0.33"])
+
+
+def fresh_comfy_venv(version, path, with_pip=True):
+    """A fresh venv (see make_fresh_venv) of the Python that runs that ComfyUI: 3.11 for 0.3.75,
+    3.12 for 0.33."""
+    why = comfy_unavailable(version)
+    if why:
+        pytest.skip(why)
+    return make_fresh_venv(path, with_pip, base=comfy_install(version).python)
+
+
+@VERSIONS
+def test_comfyui_manager_install_without_cargo_pins_with_a_prebuilt_wheel(tmp_path, checkpoint, version):
+    python = fresh_comfy_venv(version, tmp_path / "venv")
     env = no_cargo_env(python)
     assert run_py(python, ["-c", "import importlib.util as u; print(u.find_spec('viking_native'))"], tmp_path,
                   env).stdout.strip() == "None"
     base = prepare_base_dir(tmp_path / "base", checkpoint=checkpoint, custom_nodes={"viking_engine": REPO})
     pack = base / "custom_nodes" / "viking_engine"
-    wheel = loader.pick_wheel()
+    wheel = loader.pick_wheel()  # the interpreter's platform: the same for 3.11 and 3.12 here
     out = install_like_comfyui_manager(python, pack, env)
     assert f"installed {wheel.name}" in out.stdout, (out.stdout, out.stderr)
     member, data = loader.wheel_extension(wheel)
@@ -369,23 +381,23 @@ def test_comfyui_manager_install_without_cargo_pins_with_a_prebuilt_wheel(tmp_pa
     if loader.wheel_source_hash(wheel) == loader.source_hash(pack):
         assert "matches this folder's source" in run_py(python, ["install.py"], pack, env).stdout
 
-    with ComfyServer(base, python=python, env=env) as server:
+    with ComfyServer(base, version=version, python=python, env=env) as server:
         assert pin_checkpoint(server) > 100e6  # the synthetic SD1.5's weights, page-locked
         assert mapped_viking_files(server.pid) == {str(installed)}
         log = server.log_text()
     assert f"[Viking] native module: installed from {wheel.name}, {installed}" in log, log[-3000:]
 
 
-@comfy
-def test_drop_in_without_any_installer_pins_with_a_prebuilt_wheel(tmp_path, checkpoint):
-    python = make_fresh_venv(tmp_path / "venv", with_pip=False)
+@VERSIONS
+def test_drop_in_without_any_installer_pins_with_a_prebuilt_wheel(tmp_path, checkpoint, version):
+    python = fresh_comfy_venv(version, tmp_path / "venv", with_pip=False)
     env = no_cargo_env(python)
     base = prepare_base_dir(tmp_path / "base", checkpoint=checkpoint, custom_nodes={"viking_engine": REPO})
     pack = base / "custom_nodes" / "viking_engine"
     wheel = loader.pick_wheel()
     member, data = loader.wheel_extension(wheel)
     extracted = pack / "wheels" / ".cache" / hashlib.sha256(data).hexdigest()[:16] / Path(member).name
-    with ComfyServer(base, python=python, env=env) as server:
+    with ComfyServer(base, version=version, python=python, env=env) as server:
         assert pin_checkpoint(server) > 100e6
         assert mapped_viking_files(server.pid) == {str(extracted)}
         log = server.log_text()
