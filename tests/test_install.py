@@ -276,7 +276,9 @@ def test_shipped_windows_pyd_loads_under_wine(tmp_path):
     # scripts/windows_check.sh): the project's stand-in goes next to the extension.
     subprocess.run([gcc, "-shared", "-O2", "-o", tmp_path / "bcryptprimitives.dll",
                     REPO / "tests" / "windows" / "bcryptprimitives.c", "-ladvapi32"], check=True)
-    env = {**os.environ, "WINEDEBUG": "-all", "WINEPREFIX": str(REPO / "target" / "wineprefix")}
+    prefix = REPO / "target" / "wineprefix"  # scripts/windows_check.sh's; Wine makes it on first use
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "WINEDEBUG": "-all", "WINEPREFIX": str(prefix)}
     run = subprocess.run(["wine", "load_pyd.exe", "viking_native.pyd"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "PyInit_viking_native found" in run.stdout, (run.returncode, run.stdout, run.stderr[-2000:])
