@@ -1,6 +1,7 @@
 """Viking Engine, a ComfyUI custom node: keeps model weights page-locked in RAM (never swapped,
-full-speed DMA to the GPU) within a RAM budget. Drop this folder into ComfyUI/custom_nodes/ and
-run `python -m pip install .` in it with ComfyUI's Python (see README.md).
+full-speed DMA to the GPU) within a RAM budget. Drop this folder into ComfyUI/custom_nodes/ (or
+install it with ComfyUI-Manager / comfy-cli): the native module ships prebuilt in wheels/, so no
+install step is needed (README.md, Install).
 
 ComfyUI's loader prefers NODE_CLASS_MAPPINGS over comfy_entrypoint when a module has both, so
 exactly one is exported: V3 nodes where comfy_api.latest exists, classic V1 classes elsewhere."""

@@ -56,6 +56,12 @@ def build(depth: int, tiny: bool, seed: int = 0):
                axes_dim=[16, 56, 56], theta=10000, qkv_bias=True, guidance_embed=True)
     if tiny:
         cfg.update(hidden_size=256, num_heads=2, context_in_dim=64, vec_in_dim=32)
+    import dataclasses
+
+    import comfy.ldm.flux.model
+
+    if "txt_ids_dims" in {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)}:
+        cfg["txt_ids_dims"] = []  # ComfyUI 0.33's FluxParams has this field; 0.3.75's has not
     config = comfy.supported_models.Flux(cfg)
     config.set_inference_dtype(torch.bfloat16, None)
     model = config.get_model({}, "")

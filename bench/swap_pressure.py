@@ -128,9 +128,9 @@ def with_seed(api: dict, seed: int) -> dict:
 REPEATS = 3
 
 
-def scenario(name: str, base: Path, pin: bool) -> dict:
+def scenario(name: str, base: Path, pin: bool, version: str = "0.3.75") -> dict:
     ui = json.loads((REPO / "workflows" / "viking_pin_checkpoint.json").read_text())
-    with ComfyServer(base) as server:
+    with ComfyServer(base, version=version) as server:
         api = api_prompt_from_ui_workflow(ui, server.object_info())
         api = api if pin else without_viking(api)
         server.run_prompt(with_seed(api, 1))  # load the model; it stays parked in RAM
@@ -163,7 +163,7 @@ def scenario(name: str, base: Path, pin: bool) -> dict:
                 pinned_weights_swapped_bytes_max=worst_pinned_swapped, median=median, repetitions=reps)
 
 
-def measure(workdir: Path) -> dict:
+def measure(workdir: Path, version: str = "0.3.75") -> dict:
     checkpoint = cached_checkpoint()
     base = prepare_base_dir(workdir / "swap", checkpoint=checkpoint, custom_nodes={"viking_engine": REPO})
     rows = []
@@ -171,7 +171,7 @@ def measure(workdir: Path) -> dict:
                          ("zram", lambda: temporary_zram(4096))):
         with make():
             for name, pin in (("unpinned", False), ("viking", True)):
-                rows.append(dict(scenario(name, base, pin=pin), swap_device=device))
+                rows.append(dict(scenario(name, base, pin=pin, version=version), swap_device=device))
     ratios = {}
     for device in ("swap file", "zram"):
         plain, viking = (next(r for r in rows if r["swap_device"] == device and r["scenario"] == s) for s in ("unpinned", "viking"))
@@ -180,7 +180,7 @@ def measure(workdir: Path) -> dict:
             next_run_seconds_unpinned_over_viking=round(plain["median"]["next_run_seconds"] / viking["median"]["next_run_seconds"], 2),
             page_faults_unpinned_over_viking=round(plain["median"]["page_faults_during_next_run"] / max(1, viking["median"]["page_faults_during_next_run"]), 2),
         )
-    return dict(bench="swap_pressure", date=time.strftime("%Y-%m-%d"), kernel=os.uname().release, backend="os-lock",
+    return dict(bench="swap_pressure", date=time.strftime("%Y-%m-%d"), kernel=os.uname().release, backend="os-lock", comfyui=version,
                 checkpoint_bytes=checkpoint.stat().st_size, scenarios=rows, ratios=ratios)
 
 

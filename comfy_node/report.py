@@ -64,6 +64,10 @@ def status_text(status: dict) -> str:
         lines.append(f"CUDA: {device['name']} (device {device['ordinal']}), {human(cuda['free_bytes'] or 0)} free of {human(cuda['total_bytes'] or 0)}")
     else:
         lines.append(f"CUDA: not used ({cuda['reason']})")
+    build = status.get("native") or {}
+    if build:
+        stale = " (stale: rebuild with `bash scripts/build_wheels.sh` or `python -m pip install .`)" if build.get("matches_source") is False else ""
+        lines.append(f"Native module: {build.get('origin')} {build.get('module_source_hash')}{stale}")
     comfy = status.get("comfy") or {}
     if comfy.get("version"):
         lines.append(f"ComfyUI {comfy['version']} ({comfy['mode']})")

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from comfy_server import COMFY_DIR, REPO_ROOT as REPO, ComfyServer, cached_checkpoint, prepare_base_dir, txt2img_prompt, wait_for
+from comfy_server import REPO_ROOT as REPO, ComfyServer, cached_checkpoint, prepare_base_dir, txt2img_prompt, wait_for
 from memory_probe import locked_bytes
 
-pytestmark = pytest.mark.skipif(not (COMFY_DIR / "main.py").exists(), reason="no ComfyUI tree: run scripts/setup_env.sh")
 
 
 def image(server, entry):
@@ -31,12 +30,12 @@ def post(server, path, body, headers=None):
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def base(comfy_version, tmp_path_factory):
     return prepare_base_dir(tmp_path_factory.mktemp("engine"), checkpoint=cached_checkpoint(), custom_nodes={"viking_engine": REPO})
 
 
-def test_env_switch_pins_every_loaded_model_and_releases_on_drop(base, tmp_path):
-    with ComfyServer(base, env={"VIKING_ENGINE_MODE": "1"}) as server:
+def test_env_switch_pins_every_loaded_model_and_releases_on_drop(base, comfy_version, tmp_path):
+    with ComfyServer(base, version=comfy_version, env={"VIKING_ENGINE_MODE": "1"}) as server:
         assert server.get("/viking/engine") == {"engine_mode": True}
         entry = server.run_prompt(txt2img_prompt(prefix="engine", seed=5, steps=2))
         status = server.get("/viking/status")
@@ -52,12 +51,12 @@ def test_env_switch_pins_every_loaded_model_and_releases_on_drop(base, tmp_path)
         assert wait_for(lambda: server.get("/viking/status")["registrations"] == 0)
         assert locked_bytes(server.pid) < 1 << 20
     plain_base = prepare_base_dir(tmp_path / "plain", checkpoint=cached_checkpoint())
-    with ComfyServer(plain_base) as plain:
+    with ComfyServer(plain_base, version=comfy_version) as plain:
         assert np.array_equal(pinned_image, image(plain, plain.run_prompt(txt2img_prompt(prefix="plain", seed=5, steps=2))))
 
 
-def test_ui_setting_route_switches_engine_mode(base):
-    with ComfyServer(base) as server:
+def test_ui_setting_route_switches_engine_mode(base, comfy_version):
+    with ComfyServer(base, version=comfy_version) as server:
         assert server.get("/viking/engine") == {"engine_mode": False}
         server.run_prompt(txt2img_prompt(prefix="off", seed=6))
         assert server.get("/viking/status")["registrations"] == 0  # off: nothing pinned

@@ -11,21 +11,18 @@
 
 import json
 import subprocess
-import sys
 
 import numpy as np
-import pytest
 from PIL import Image
 
-from comfy_server import COMFY_DIR, REPO_ROOT, ComfyServer, cached_lora, prepare_base_dir, txt2img_prompt
+from comfy_server import REPO_ROOT, ComfyServer, cached_lora, prepare_base_dir, txt2img_prompt
 
-pytestmark = pytest.mark.skipif(not (COMFY_DIR / "main.py").exists(), reason="no ComfyUI tree: run scripts/setup_env.sh")
 LORA = "synthetic_lora.safetensors"
 
 
-def test_weights_come_home_without_copy_through_load_unload_and_lora(tmp_path):
+def test_weights_come_home_without_copy_through_load_unload_and_lora(comfy_env, tmp_path):
     out = tmp_path / "home.json"
-    run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "comfy_home.py"), str(COMFY_DIR), str(out), "--cpu"],
+    run = subprocess.run([str(comfy_env.python), str(REPO_ROOT / "bench" / "comfy_home.py"), str(comfy_env.tree), str(out), "--cpu"],
                          capture_output=True, text=True, timeout=600)
     assert out.exists(), run.stdout[-2000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -75,14 +72,14 @@ def run_stages(server, viking: bool):
     return images
 
 
-def test_load_lora_unload_reload_images_bit_identical(tmp_path):
+def test_load_lora_unload_reload_images_bit_identical(comfy_version, tmp_path):
     loras = {LORA: cached_lora()}
     base = prepare_base_dir(tmp_path / "viking", custom_nodes={"viking_engine": REPO_ROOT}, loras=loras)
-    with ComfyServer(base) as server:
+    with ComfyServer(base, version=comfy_version) as server:
         pinned = run_stages(server, viking=True)
         state = server.get("/viking/status")
         assert any(o["label"].startswith("MODEL") and o["pinned_bytes"] > 0 for o in state["owners"]), state["owners"]
-    with ComfyServer(prepare_base_dir(tmp_path / "plain", loras=loras)) as plain:
+    with ComfyServer(prepare_base_dir(tmp_path / "plain", loras=loras), version=comfy_version) as plain:
         reference = run_stages(plain, viking=False)
         entry = plain.run_prompt(stage_graph(2, lora=False, viking=False))
         no_lora = np.asarray(Image.open(plain.output_files(entry)[0]).convert("RGB"))

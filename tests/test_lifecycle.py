@@ -4,20 +4,15 @@ On a GPU machine the same script runs with the CUDA backend (see README, Measure
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from comfy_server import COMFY_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.skipif(not (COMFY_DIR / "main.py").exists(), reason="no ComfyUI tree: run scripts/setup_env.sh")
-def test_pins_follow_load_unload_partial_load_and_drop(tmp_path):
+def test_pins_follow_load_unload_partial_load_and_drop(comfy_env, tmp_path):
     out = tmp_path / "lifecycle.json"
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "comfy_lifecycle.py"), str(COMFY_DIR), str(out), "--cpu"],
+    run = subprocess.run([str(comfy_env.python), str(REPO / "bench" / "comfy_lifecycle.py"), str(comfy_env.tree), str(out), "--cpu"],
                          capture_output=True, text=True, timeout=600)
     assert out.exists(), run.stdout + run.stderr
     result = json.loads(out.read_text())

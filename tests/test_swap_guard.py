@@ -10,20 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from comfy_server import COMFY_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import swap_pressure  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def figures(tmp_path_factory):
+def figures(comfy_version, tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("swapon needs root: the swap-guard harness cannot run here")
-    if not (COMFY_DIR / "main.py").exists():
-        pytest.skip("no ComfyUI tree: run scripts/setup_env.sh")
     try:
-        result = swap_pressure.measure(tmp_path_factory.mktemp("swap"))
+        result = swap_pressure.measure(tmp_path_factory.mktemp("swap"), version=comfy_version)
     except swap_pressure.SwapUnavailable as reason:
         pytest.skip(f"no swap on this machine: {reason}")
     print("\n" + json.dumps(result["ratios"]))

@@ -7,17 +7,14 @@ Bit-identity of the outputs needs weights that really leave RAM: it is checked o
 
 import json
 import subprocess
-import sys
-
-import pytest
-
-from comfy_server import COMFY_DIR, REPO_ROOT
 
 
-@pytest.mark.skipif(not (COMFY_DIR / "main.py").exists(), reason="no ComfyUI tree: run scripts/setup_env.sh")
-def test_cap_holds_and_is_gone_after_unpin(tmp_path):
+from comfy_server import REPO_ROOT
+
+
+def test_cap_holds_and_is_gone_after_unpin(comfy_env, tmp_path):
     out = tmp_path / "cap.json"
-    run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "comfy_vram_cap.py"), str(COMFY_DIR), str(out), "--cpu"],
+    run = subprocess.run([str(comfy_env.python), str(REPO_ROOT / "bench" / "comfy_vram_cap.py"), str(comfy_env.tree), str(out), "--cpu"],
                          capture_output=True, text=True, timeout=600)
     assert out.exists(), run.stderr[-3000:]
     result = json.loads(out.read_text())

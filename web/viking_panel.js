@@ -30,7 +30,8 @@ app.registerExtension({
     panel.id = "viking-panel";
     panel.title = "Viking Engine memory panel";
     Object.assign(panel.style, {
-      position: "fixed", right: "12px", bottom: "12px", zIndex: 10000, maxWidth: "460px",
+      // Bottom left, beside the sidebar: newer frontends (1.49) put their minimap bottom right.
+      position: "fixed", left: "64px", bottom: "12px", zIndex: 10000, maxWidth: "460px",
       background: "rgba(18, 22, 30, 0.92)", color: "#d8dee9", border: "1px solid #4c566a",
       borderRadius: "6px", padding: "6px 10px", font: "12px/1.45 monospace", whiteSpace: "pre-wrap",
       pointerEvents: "none",
