@@ -9,10 +9,11 @@
 #   bash scripts/gpu_check.sh install .gpu/c1 [PART...]
 #   bash scripts/gpu_check.sh install .gpu/c2 [PART...]
 # PARTs, each writing its result files to $OUT (bench/results/ names):
-#   tests     the GPU tests of the suite (native CUDA path, pressure release of CUDA pins,
-#             pinned home and prefetch through ComfyUI's model management)
-#   servers   a real ComfyUI server per version on the GPU (tests/test_gpu_server.py)
-#   figures   the benches whose figures the README quotes, re-measured at this commit
+#   tests       the GPU tests of the suite (native CUDA path, pressure release of CUDA pins,
+#               pinned home and prefetch through ComfyUI's model management)
+#   servers375  a real ComfyUI 0.3.75 server on the GPU (tests/test_gpu_server.py); servers033 0.33
+#   home cap perf   the benches whose figures the README quotes, re-measured at this commit
+#   dynamic     ComfyUI 0.33's dynamic VRAM mode alone and with Viking (bench/gpu_dynamic.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -25,10 +26,11 @@ carry() {
         --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any"
     local get="python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $platforms"
     rm -rf .gpu/c1 .gpu/c2 && mkdir -p .gpu/c1 .gpu/c2
-    # ComfyUI 0.33's comfy-kitchen alone is 56 MB: it travels with the 0.3.75 tree and our wheel.
-    $get -d .gpu/c1 comfy-kitchen==0.2.31
-    $get -d .gpu/c2 torchsde trampoline alembic Mako SQLAlchemy greenlet kornia kornia_rs spandrel pydantic pydantic_core \
-        pydantic-settings python-dotenv annotated-types typing-inspection av comfy-aimdo==0.4.13 blake3 simpleeval
+    # c1: what ComfyUI 0.3.75 needs beyond the machine's image, and our wheel; c2: what 0.33 adds
+    # (comfy-kitchen alone is 56 MB).
+    $get -d .gpu/c1 torchsde trampoline alembic Mako SQLAlchemy greenlet kornia kornia_rs spandrel pydantic pydantic_core \
+        pydantic-settings python-dotenv annotated-types typing-inspection av
+    $get -d .gpu/c2 comfy-kitchen==0.2.31 comfy-aimdo==0.4.13 blake3 simpleeval
     .venv/bin/maturin build --release -o .gpu/c1 --quiet
     # The trees without what a server on the API never reads (API nodes, blueprints, tests,
     # tokenizer data of text encoders the tests do not use): the calls carry at most 64 MiB.
@@ -53,25 +55,43 @@ install() {
 }
 
 part_tests() {
-    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_reliability.py \
-        tests/test_gpu_streaming.py -k "cuda or gpu or gigabytes" 2>&1 | tee "$OUT/tests.log"
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -s -p no:cacheprovider tests/test_native.py tests/test_reliability.py \
+        tests/test_gpu_streaming.py -k "cuda or gpu or gigabytes" 2>&1 | tee "$OUT/tests.log" | tail -40
 }
 
-part_servers() {
-    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py 2>&1 | tee "$OUT/servers.log"
+part_servers375() {
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "0.3.75" 2>&1 | tee "$OUT/servers375.log"
 }
 
-part_figures() {
-    local comfy=.comfy/ComfyUI
-    python3 bench/comfy_home.py $comfy "$OUT/gpu_home_timing.json" --parts timing,alternate --reps 3 --switches 4
-    python3 bench/comfy_vram_cap.py $comfy "$OUT/gpu_vram_cap.json" --caps 4,12 --modes comfy,viking,comfy_same_peak --reps 3
-    python3 bench/gpu_perf.py $comfy "$OUT/gpu_perf.json" --depth 19 --vram-gib 12 --reps 3
+part_servers033() {
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "0.33" 2>&1 | tee "$OUT/servers033.log"
+}
+
+part_home() {
+    python3 bench/comfy_home.py .comfy/ComfyUI "$OUT/gpu_home_timing.json" --parts timing,alternate --reps 3 --switches 4 2>&1 | tail -20
+}
+
+part_cap() {
+    python3 bench/comfy_vram_cap.py .comfy/ComfyUI "$OUT/gpu_vram_cap.json" --caps 4,12 --modes comfy,viking,comfy_same_peak --reps 3 2>&1 | tail -12
+}
+
+part_perf() {
+    python3 bench/gpu_perf.py .comfy/ComfyUI "$OUT/gpu_perf.json" --depth 19 --vram-gib 12 --reps 3 2>&1 | tail -40
+}
+
+part_dynamic() {
+    python3 bench/gpu_dynamic.py "$OUT/gpu_dynamic.json" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" \
+        --modes dynamic,dynamic_nodes,static_nodes 2>&1 | tail -30
 }
 
 case "${1:-}" in
     carry) carry ;;
     install)
         install "$2"
-        for part in "${@:3}"; do "part_$part"; done ;;
-    *) echo "usage: $0 carry | install FOLDER [tests|servers|figures]..." >&2; exit 2 ;;
+        for part in "${@:3}"; do
+            started=$SECONDS
+            "part_$part" || echo "[gpu_check] part $part failed"
+            echo "[gpu_check] part $part: $((SECONDS - started)) s"
+        done ;;
+    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|home|cap|perf|dynamic]..." >&2; exit 2 ;;
 esac
