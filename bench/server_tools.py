@@ -34,4 +34,8 @@ def run_seconds(entry):
 
 
 def bad_lines(log_text):
-    return [line for line in log_text.splitlines() if any(bad in line for bad in BAD_LOG_LINES)][:20]
+    """The lines that must never appear, from the first prompt on (a start-up traceback is an
+    optional ComfyUI node pack failing to import, not a fault), each with the 6 lines after it."""
+    lines = log_text.splitlines()
+    first = next((i for i, line in enumerate(lines) if "got prompt" in line), len(lines))
+    return [" | ".join(lines[i:i + 7]) for i in range(first, len(lines)) if any(bad in lines[i] for bad in BAD_LOG_LINES)][:10]

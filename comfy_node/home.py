@@ -93,11 +93,12 @@ def _stamp(weight) -> tuple:
 
 
 def held_tensors(record) -> list:
-    return list(record.home.held) if record.home is not None else []
+    return list(record.home.held) if record is not None and record.home is not None else []
 
 
 def held_bytes(record) -> int:
-    return record.home.held_bytes() if record.home is not None else 0
+    """RAM the home holds for weights in VRAM (0 for a model Viking does not pin)."""
+    return record.home.held_bytes() if record is not None and record.home is not None else 0
 
 
 def drop_held(record, why: str):

@@ -49,8 +49,12 @@ install() {
     mkdir -p .comfy
     for tree in "$from"/comfy-*.tgz; do tar xzf "$tree" -C .comfy; done
     # The installs tests/comfy_server.py expects, run by this machine's python3 (PYTHONPATH above).
+    # (A wrapper, not a symlink: the machine's python3 is itself a venv's, found by its path.)
+    local python
+    python="$(command -v python3)"
     for venv in .venv .comfy/venv-0.33; do
-        mkdir -p "$venv/bin" && ln -sf "$(command -v python3)" "$venv/bin/python" && touch "$venv/.setup-stamp-gpu"
+        mkdir -p "$venv/bin" && rm -f "$venv/bin/python" && touch "$venv/.setup-stamp-gpu"
+        printf '#!/bin/sh\nexec %s "$@"\n' "$python" > "$venv/bin/python" && chmod +x "$venv/bin/python"
     done
 }
 
