@@ -56,16 +56,18 @@ def image_hash(server, entry):
 PIN_INPUTS = {"budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0, "pinned_home": True}
 
 
-def graph(server, viking, seed, lora=None):
+def graph(server, viking, seed, lora=None, overrides=None):
     """The example low-VRAM workflow's graph (workflows/viking_lowvram.json: Pin Model with a
     4 GiB cap and priority 10, Pin CLIP, Pin VAE) at 512x512, or the same without the Viking
     nodes for ComfyUI alone; with a LoRA or a hook LoRA on top."""
     api = txt2img_prompt(seed=seed, steps=steps, size=512, prefix=f"s{seed}")
     sampler, model, clip, vae = "3", ["4", 0], ["4", 1], ["4", 2]
     if viking:
-        api["20"] = {"class_type": "VikingPinModel", "inputs": {"model": model, **PIN_INPUTS, "priority": 10, "vram_cap_gib": 4.0}}
-        api["21"] = {"class_type": "VikingPinCLIP", "inputs": {"clip": clip, **PIN_INPUTS}}
-        api["22"] = {"class_type": "VikingPinVAE", "inputs": {"vae": vae, **PIN_INPUTS}}
+        settings = {**PIN_INPUTS, **(overrides or {})}
+        model_settings = {**PIN_INPUTS, "priority": 10, "vram_cap_gib": 4.0, **(overrides or {})}
+        api["20"] = {"class_type": "VikingPinModel", "inputs": {"model": model, **model_settings}}
+        api["21"] = {"class_type": "VikingPinCLIP", "inputs": {"clip": clip, **{k: v for k, v in settings.items() if k != "vram_cap_gib"}}}
+        api["22"] = {"class_type": "VikingPinVAE", "inputs": {"vae": vae, **{k: v for k, v in settings.items() if k != "vram_cap_gib"}}}
         model, clip, vae = ["20", 0], ["21", 0], ["22", 0]
         for encoder in ("6", "7"):
             api[encoder]["inputs"]["clip"] = clip
@@ -83,8 +85,11 @@ def graph(server, viking, seed, lora=None):
     return api
 
 
-def run_mode(viking):
-    name = "viking" if viking else "comfy"
+def run_sequence(name, overrides, prompts, free_cycles=0):
+    """A fresh server for one mode (overrides None: ComfyUI alone; a dict: Viking with those
+    Pin node settings), `prompts` as (seed, lora) run in turn (the first a warm-up, not kept),
+    then `free_cycles` cycles of /free + the plain prompt."""
+    viking = overrides is not None
     base = prepare_base_dir(Path(tempfile.mkdtemp(prefix=f"gpu_server_{name}_")), checkpoint=cached_checkpoint(),
                             custom_nodes={"viking_engine": REPO} if viking else {}, loras={LORA: cached_lora()})
     empty_frontend = base / "frontend"  # the API is all this needs: no UI package to carry
@@ -94,11 +99,10 @@ def run_mode(viking):
         extra.append("--disable-dynamic-vram")
     row = dict(prompts=[], cycles=[])
     with ComfyServer(base, extra, cpu=False, version=version, start_timeout=300) as server:
-        # A warm-up prompt, not compared: the first run of a fresh process may pick other
-        # kernels (seen: ComfyUI alone's first image differed from its later ones, same seed).
-        server.run_prompt(graph(server, viking, 0), timeout=600)
-        for seed, lora in ((1, None), (2, "lora"), (3, "hook"), (4, None)):
-            entry = server.run_prompt(graph(server, viking, seed, lora), timeout=600)
+        for index, (seed, lora) in enumerate(prompts):
+            entry = server.run_prompt(graph(server, viking, seed, lora, overrides), timeout=600)
+            if index == 0:
+                continue  # the warm-up: the first run of a fresh process may pick other kernels
             prompt = dict(seed=seed, lora=lora, seconds=run_seconds(entry), image=image_hash(server, entry))
             if viking:
                 status = server.get("/viking/status")
@@ -108,9 +112,9 @@ def run_mode(viking):
                               notes=model.get("notes"), home_bytes=model.get("home_bytes"), prefetch=model.get("prefetch"))
             row["prompts"].append(prompt)
             print(name, json.dumps(prompt), flush=True)
-        for cycle in range(cycles):
+        for cycle in range(free_cycles):
             server.free(unload_models=True, free_memory=True, settle=1.0)
-            entry = server.run_prompt(graph(server, viking, 1), timeout=600)
+            entry = server.run_prompt(graph(server, viking, 1, None, overrides), timeout=600)
             item = dict(cycle=cycle, seconds=run_seconds(entry), image=image_hash(server, entry), rss_bytes=status_bytes(server.pid, "VmRSS"))
             if viking:
                 counters = server.get("/viking/status")["counters"]
@@ -125,38 +129,49 @@ def run_mode(viking):
                                      release_failures=status["release_failures"], events=status["events"][-5:])
         log = server.log_path.read_text(errors="replace")
     row["bad_log_lines"] = bad_lines(log)
+    return row
+
+
+def run_mode(viking):
+    name = "viking" if viking else "comfy"
+    row = run_sequence(name, {} if viking else None, [(0, None), (1, None), (2, "lora"), (3, "hook"), (4, None)], cycles)
     result["modes"][name] = row
     save()
     return row
 
 
-holder, held = hold_vram(free_gib)
-result["held_vram_bytes"] = held
-try:
-    comfy_row = run_mode(viking=False)
-    viking_row = run_mode(viking=True)
-finally:
-    holder.kill()
+def main():
+    holder, held = hold_vram(free_gib)
+    result["held_vram_bytes"] = held
+    try:
+        comfy_row = run_mode(viking=False)
+        viking_row = run_mode(viking=True)
+    finally:
+        holder.kill()
 
-pairs = list(zip(comfy_row["prompts"] + comfy_row["cycles"], viking_row["prompts"] + viking_row["cycles"]))
-same = sum(1 for a, b in pairs if a["image"] and a["image"] == b["image"])
-check(same == len(pairs) > 0, f"images bit-identical with and without Viking: {same} of {len(pairs)}")
-check(len({p["image"] for p in comfy_row["prompts"]}) == 4 or comfy_row["prompts"][0]["image"] == comfy_row["prompts"][3]["image"],
-      "the LoRA and the hook LoRA change the image (the comparison can fail)")
-for name, row in result["modes"].items():
-    check(not row["bad_log_lines"], f"{name}: no CUDA error, Pin error, 'Tried to unpin' or traceback in the log: {row['bad_log_lines'][:3]}")
-after = viking_row.get("after_free", {})
-counters = after.get("counters", {})
-check(after.get("pinned_bytes") == 0 and counters.get("registrations") == counters.get("releases") and counters.get("failures") == 0,
-      f"after /free every registration made was released: {counters}")
-streamed = [p for p in viking_row["prompts"] if p.get("model_vram_bytes") is not None and p["model_vram_bytes"] < (p.get("model_wanted_bytes") or 0)]
-result["viking_streamed_prompts"] = len(streamed)
-rss = [c["rss_bytes"] for c in viking_row["cycles"]]
-if len(rss) >= 3:
-    spread = max(rss[1:]) - min(rss[1:])
-    check(spread < 256 << 20, f"Viking: RSS flat over the /free cycles after the first (spread {spread >> 20} MiB)")
-for name in ("comfy", "viking"):
-    seconds = [c["seconds"] for c in result["modes"][name]["cycles"] if c["seconds"]]
-    result["modes"][name]["cycle_seconds"] = seconds
-save()
-sys.exit(0 if result["ok"] else 1)
+    pairs = list(zip(comfy_row["prompts"] + comfy_row["cycles"], viking_row["prompts"] + viking_row["cycles"]))
+    same = sum(1 for a, b in pairs if a["image"] and a["image"] == b["image"])
+    check(same == len(pairs) > 0, f"images bit-identical with and without Viking: {same} of {len(pairs)}")
+    check(len({p["image"] for p in comfy_row["prompts"]}) == 4 or comfy_row["prompts"][0]["image"] == comfy_row["prompts"][3]["image"],
+          "the LoRA and the hook LoRA change the image (the comparison can fail)")
+    for name, row in result["modes"].items():
+        check(not row["bad_log_lines"], f"{name}: no CUDA error, Pin error, 'Tried to unpin' or traceback in the log: {row['bad_log_lines'][:3]}")
+    after = viking_row.get("after_free", {})
+    counters = after.get("counters", {})
+    check(after.get("pinned_bytes") == 0 and counters.get("registrations") == counters.get("releases") and counters.get("failures") == 0,
+          f"after /free every registration made was released: {counters}")
+    streamed = [p for p in viking_row["prompts"] if p.get("model_vram_bytes") is not None and p["model_vram_bytes"] < (p.get("model_wanted_bytes") or 0)]
+    result["viking_streamed_prompts"] = len(streamed)
+    rss = [c["rss_bytes"] for c in viking_row["cycles"]]
+    if len(rss) >= 3:
+        spread = max(rss[1:]) - min(rss[1:])
+        check(spread < 256 << 20, f"Viking: RSS flat over the /free cycles after the first (spread {spread >> 20} MiB)")
+    for name in ("comfy", "viking"):
+        seconds = [c["seconds"] for c in result["modes"][name]["cycles"] if c["seconds"]]
+        result["modes"][name]["cycle_seconds"] = seconds
+    save()
+    sys.exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Which Viking feature changes the bits of a LoRA prompt on a GPU server (seen in
+bench/results/gpu_server_*.json: the LoraLoader prompt differed from ComfyUI alone while plain
+and hook-LoRA prompts matched). One server per variant: warm-up, LoRA (seed 2), plain (seed 1),
+LoRA again (seed 2); the images' hashes per variant.
+
+usage: python bench/probes/lora_variants.py VERSION OUT.json [--free-gib 2]
+"""
+import json
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
+sys.argv = [sys.argv[0], sys.argv[1], sys.argv[2], "--cycles", "0"] + sys.argv[3:]
+import gpu_server as bench  # noqa: E402  (its main runs only as a script)
+
+VARIANTS = {
+    "comfy": None,
+    "viking": {},
+    "viking_no_home": {"pinned_home": False},
+    "viking_no_cap": {"vram_cap_gib": 0.0},
+    "viking_os_lock": {"backend": "os-lock"},
+}
+rows = {}
+holder, held = bench.hold_vram(bench.free_gib)
+try:
+    for name, overrides in VARIANTS.items():
+        rows[name] = bench.run_sequence(name, overrides, [(0, None), (2, "lora"), (1, None), (2, "lora")])
+finally:
+    holder.kill()
+Path(sys.argv[2]).write_text(json.dumps(dict(held_vram_bytes=held, rows=rows), indent=1))
+for name, row in rows.items():
+    print(name, [p["image"][:10] for p in row["prompts"]], row["bad_log_lines"][:1])
