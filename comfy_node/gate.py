@@ -26,6 +26,7 @@ lock = threading.RLock()
 _deferred: list[tuple[str, Callable[[], object]]] = []
 _applied: list[dict] = []  # the last changes applied, where and when (for the status)
 _watcher: threading.Thread | None = None
+pressure_releases = 0  # bumped whenever pressure relief gave pins back: reconciles must not skip
 WATCH_SECONDS = 0.5
 
 
@@ -58,6 +59,7 @@ def applied() -> list[dict]:
 def drain(where: str):
     """Applies the deferred changes. Call with nothing in flight that could read them: on the
     execution thread (where == "on the execution thread"), or while no prompt runs."""
+    global pressure_releases
     with lock:
         while _deferred:
             what, change = _deferred.pop(0)
@@ -66,8 +68,8 @@ def drain(where: str):
                 _remember(what, where)
             except Exception as error:  # noqa: BLE001 - one failed change must not stop the rest
                 log.warning("Viking Engine: %s failed: %s", what, error)
-        if native is not None:
-            native.relieve_pressure()
+        if native is not None and native.relieve_pressure() > 0:
+            pressure_releases += 1
         dynamic.govern()
 
 

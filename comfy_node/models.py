@@ -36,6 +36,7 @@ class ModelRecord:
     last_report: dict | None = None
     hooks_seen: bool = False  # hook patches met once: home and prefetch stay off for it
     file_views: dict = field(default_factory=dict)  # fd -> (native FileView, file offset): dynamic mode's residency
+    dynamic_signature: tuple = ()  # the mapped ranges last reconciled (dynamic mode)
     notes: list[str] = field(default_factory=list)  # what stands aside for this model, and why
 
     def live_patcher(self):
