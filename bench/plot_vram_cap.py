@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 data = json.loads((RESULTS / "gpu_vram_cap.json").read_text())
-LABELS = {"comfy": "ComfyUI's own pinning (cap only)", "viking": "Viking (pins + prefetch)",
-          "viking_noprefetch": "Viking pins, no prefetch"}
+LABELS = {"comfy": "ComfyUI alone, same cap", "comfy_same_peak": "ComfyUI alone, cap + Viking's window (same VRAM)",
+          "viking": "Viking (pins + prefetch)", "viking_noprefetch": "Viking pins, no prefetch"}
 
 fig, ax = plt.subplots(figsize=(8, 5))
 for mode, label in LABELS.items():
@@ -24,8 +24,8 @@ floor = sorted({(r["cap_gib"], r["floor_s"]) for r in data["rows"] if r.get("mod
 ax.plot([c for c, _ in floor], [f for _, f in floor], "k--", label="floor: max(streamed / link, all-in-VRAM compute)")
 ax.axhline(data["all_in_vram_step_s"], color="grey", linewidth=0.8, linestyle=":", label="all weights in VRAM")
 ax.set_xlabel("VRAM cap for the model's weights (GiB)")
-ax.set_ylabel("seconds per step (median of 5)")
-ax.set_title(f"{data['device']}, {data['date']}: {data['model_bytes'] / 1e9:.1f} GB Flux-shaped model, 1024x1024\n"
+ax.set_ylabel(f"seconds per step (median of {data.get('reps', 3)})")
+ax.set_title(f"{data['device']}, {data['date']}, commit {data.get('commit', '?')}: {data['model_bytes'] / 1e9:.1f} GB Flux-shaped model, 1024x1024\n"
              f"link {data['link_gb_per_s']:.1f} GB/s; outputs bit-identical in every row", fontsize=10)
 ax.set_ylim(bottom=0)
 ax.legend(fontsize=8)
