@@ -33,15 +33,16 @@ sys.path[:0] = [str(REPO / "tests"), str(BENCH)]
 
 from comfy_server import CACHE_DIR, ComfyServer, comfy_install, prepare_base_dir  # noqa: E402
 from flux_model import arg  # noqa: E402
-from server_tools import bad_lines, hold_vram, run_seconds, status_bytes  # noqa: E402
+from server_tools import Results, bad_lines, hold_vram, run_seconds, status_bytes  # noqa: E402
 
 out_path = sys.argv[1]
 depth, free_gib, steps, size = arg("--depth", 19, int), arg("--free-gib", 16.0), arg("--steps", 4, int), arg("--size", 1024, int)
 modes = arg("--modes", "dynamic,dynamic_nodes,dynamic_engine,static_nodes", str).split(",")
 MODEL = f"flux_shaped_d{depth}.safetensors"
 libc = ctypes.CDLL(None, use_errno=True)
-result = dict(bench="gpu_dynamic", date=time.strftime("%Y-%m-%d"), depth=depth, free_gib=free_gib, steps=steps, size=size,
-              modes={}, checks=[])
+results = Results(out_path, bench="gpu_dynamic", date=time.strftime("%Y-%m-%d"), depth=depth, free_gib=free_gib,
+                  steps=steps, size=size, modes={})
+result, check, save = results.data, results.check, results.save
 
 COND_NODE = '''
 import torch
@@ -63,16 +64,6 @@ class VikingBenchFluxConditioning:
 
 NODE_CLASS_MAPPINGS = {"VikingBenchFluxConditioning": VikingBenchFluxConditioning}
 '''
-
-
-def check(ok, what):
-    result["checks"].append({"ok": bool(ok), "what": what})
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-
-
-def save():
-    result["ok"] = all(c["ok"] for c in result["checks"])
-    Path(out_path).write_text(json.dumps(result, indent=1))
 
 
 def model_file() -> Path:

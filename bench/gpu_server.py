@@ -28,24 +28,15 @@ sys.path.insert(0, str(REPO / "tests"))
 from comfy_server import (ComfyServer, cached_checkpoint, cached_lora, prepare_base_dir, txt2img_prompt,  # noqa: E402
                           wait_for)
 from flux_model import arg  # noqa: E402
-from server_tools import bad_lines, hold_vram, run_seconds, status_bytes  # noqa: E402
+from server_tools import Results, bad_lines, hold_vram, run_seconds, status_bytes  # noqa: E402
 
 version, out_path = sys.argv[1], sys.argv[2]
 free_gib, cycles, steps = arg("--free-gib", 2.0, float), arg("--cycles", 4, int), arg("--steps", 6, int)
 dynamic = "--dynamic" in sys.argv
 LORA = "synthetic_lora.safetensors"
-result = dict(bench="gpu_server", version=version, date=time.strftime("%Y-%m-%d"), dynamic=dynamic, free_gib=free_gib,
-              cycles=cycles, steps=steps, modes={}, checks=[])
-
-
-def check(ok, what):
-    result["checks"].append({"ok": bool(ok), "what": what})
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-
-
-def save():
-    result["ok"] = all(c["ok"] for c in result["checks"])
-    Path(out_path).write_text(json.dumps(result, indent=1))
+results = Results(out_path, bench="gpu_server", version=version, date=time.strftime("%Y-%m-%d"), dynamic=dynamic,
+                  free_gib=free_gib, cycles=cycles, steps=steps, modes={})
+result, check, save = results.data, results.check, results.save
 
 
 def image_hash(server, entry):

@@ -2,8 +2,10 @@
 holding VRAM down, a prompt's run time from ComfyUI's own timestamps, the process's memory, and
 the log lines that must never appear."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 BAD_LOG_LINES = ("Pin error", "Tried to unpin", "CUDA error", "Traceback", "cudaError", "invalid argument")
 
@@ -39,3 +41,19 @@ def bad_lines(log_text):
     lines = log_text.splitlines()
     first = next((i for i, line in enumerate(lines) if "got prompt" in line), len(lines))
     return [" | ".join(lines[i:i + 7]) for i in range(first, len(lines)) if any(bad in lines[i] for bad in BAD_LOG_LINES)][:10]
+
+
+class Results:
+    """A bench's result file: named checks and figures, saved after each step so that a later
+    failure keeps what was measured. `data` is the JSON object."""
+
+    def __init__(self, path, **fields):
+        self.path, self.data = Path(path), dict(fields, checks=[])
+
+    def check(self, ok, what):
+        self.data["checks"].append({"ok": bool(ok), "what": what})
+        print(("ok   " if ok else "FAIL ") + what, flush=True)
+
+    def save(self):
+        self.data["ok"] = all(c["ok"] for c in self.data["checks"])
+        self.path.write_text(json.dumps(self.data, indent=1))

@@ -32,6 +32,8 @@ from .native import native
 
 log = logging.getLogger("viking_engine")
 UNGOVERNED_PRIORITY = -(10**6)  # a model no Viking node or engine mode pins
+CAP_NOTE = ("vram_cap_gib does nothing in dynamic VRAM mode: ComfyUI's dynamic loader takes no budget "
+            "for the weights (ModelPatcherDynamic.partially_load ignores it)")
 
 
 def ceiling_for_comfy(budget: dict, memory: dict) -> int:

@@ -90,6 +90,8 @@ def reconcile(patcher) -> dict | None:
         # the model's mapped weights changed (measured on an H200: reconciling, with the status
         # figures, at every event cost up to 0.2 s a prompt).
         _drop_streaming(record)
+        if record.vram_cap_bytes and dynamic.CAP_NOTE not in record.notes:
+            record.notes.append(dynamic.CAP_NOTE)
         dynamic.attach(patcher, record)
         ranges = dynamic.file_ranges(patcher, record)
         signature = (gate.pressure_releases,) + tuple((r[0], r[1]) for r in ranges)
