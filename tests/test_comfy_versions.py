@@ -1,6 +1,6 @@
 """The two ComfyUI installs (comfy_server.COMFY_INSTALLS) and the `comfy_version` fixture: for each
 version a real CPU server starts with the Viking node folder in custom_nodes/, the nodes are
-listed, and both the plain txt2img graph (the smoke test's) and the example workflow run."""
+listed, and the plain txt2img graph (the smoke test's) and both example workflows run."""
 
 import json
 import sys
@@ -34,6 +34,17 @@ def test_server_is_that_version_with_the_nodes(server, comfy_version):
     info = server.get("/object_info/VikingPinModel")["VikingPinModel"]
     assert info["category"] == "Viking", info
     assert "Cannot import" not in server.log_text(), server.log_tail()
+
+
+@pytest.mark.parametrize("name", ["viking_pin_checkpoint", "viking_lowvram"])
+def test_example_workflows_run(server, name):
+    """Both example workflows (the templates) load and run on each version, and pin."""
+    ui = json.loads((REPO_ROOT / "workflows" / f"{name}.json").read_text())
+    entry = server.run_prompt(api_prompt_from_ui_workflow(ui, server.object_info()), timeout=600)
+    assert server.output_files(entry)[0].is_file()
+    texts = [out["text"][0] for out in entry["outputs"].values() if "text" in out]
+    assert any(text.startswith("Viking Engine") for text in texts), texts  # the status node ran
+    assert server.get("/viking/status")["pinned_bytes"] > 0
 
 
 def test_txt2img_and_example_workflow_run(server):
