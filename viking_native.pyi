@@ -12,6 +12,15 @@ class VikingNativeError(RuntimeError):
 class BackendUnavailableError(VikingNativeError):
     """The requested backend cannot run here."""
 
+class FileView:
+    """A shared read-only view of part of a file; unmapped when the last reference goes. Pass
+    it as the keepalive of the ranges that lie in it."""
+    @property
+    def addr(self) -> int: ...
+    @property
+    def len(self) -> int: ...
+    def resident_bytes(self) -> Optional[int]: ...
+
 def configure(budget_gib: float = 0.0, share: float = 0.0, headroom_gib: float = -1.0, device: int = 0,
               cuda_devicemap: Optional[bool] = None) -> None:
     """The shared budget (for all models): budget_gib (0 = auto) or a share of RAM; headroom_gib
@@ -32,5 +41,13 @@ def device_pointer(addr: int) -> int: ...
 def gib_to_bytes(name: str, gib: float) -> int:
     """The one rule for sizes in GiB: 0 to 1048576; ValueError naming `name` otherwise."""
 def relieve_pressure() -> int: ...
+def map_file(fd: int, offset: int, length: int) -> "FileView":
+    """A shared read-only view of [offset, offset+length) of the open file `fd` (offset page
+    aligned); ValueError when the file is shorter (replaced or truncated on disk)."""
+def resident_bytes(addr: int, length: int) -> Optional[int]:
+    """Bytes of the range whose pages are in RAM (mincore; a file mapping's page cache counts)."""
+def note_foreign_pins(bytes: int) -> None: ...
+def budget_json() -> str:
+    """{"memory": ..., "budget": ...} as JSON (contract.Memory, contract.Budget)."""
 def set_monitor_releases(on: bool) -> None: ...
 def _set_faults(fail_pin_nth: int = 0, fail_unpin_nth: int = 0, device_lost: bool = False) -> None: ...

@@ -27,6 +27,10 @@ def test_report_and_status_match_the_contract():
         status = json.loads(vn.status_json(probe_cuda=True))
         assert any(o["owner"] == 424242 for o in status["owners"])
         assert contract.key_mismatches(status, contract.NativeStatus) == []
+        budget = json.loads(vn.budget_json())
+        assert set(budget) == {"memory", "budget"}
+        assert contract.key_mismatches(budget["memory"], contract.Memory) == []
+        assert contract.key_mismatches(budget["budget"], contract.Budget) == []
     finally:
         vn.release(424242)
 
