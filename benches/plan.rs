@@ -38,8 +38,12 @@ fn main() {
     samples.sort_by(|a, b| a.total_cmp(b));
     let median = samples[samples.len() / 2];
     println!("plan: {count} ranges ({:.1} GiB) -> {regions} regions, median {median:.2} ms, min {:.2} ms over {} runs", total as f64 / (1u64 << 30) as f64, samples[0], samples.len());
+    // The commit measured, and whether the planner's source differed from it.
+    let git = |args: &[&str]| std::process::Command::new("git").args(args).output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_default();
+    let dirty = git(&["status", "--porcelain", "--", "src", "benches"]).is_some_and(|s| !s.is_empty());
     let json = format!(
-        "{{\n  \"bench\": \"plan\",\n  \"ranges\": {count},\n  \"total_bytes\": {total},\n  \"regions\": {regions},\n  \"median_ms\": {median:.3},\n  \"min_ms\": {:.3},\n  \"runs\": {},\n  \"target_ms\": 10.0\n}}\n",
+        "{{\n  \"bench\": \"plan\",\n  \"commit\": \"{commit}\",\n  \"dirty\": {dirty},\n  \"machine\": \"the development machine (2 cores, no GPU)\",\n  \"ranges\": {count},\n  \"total_bytes\": {total},\n  \"regions\": {regions},\n  \"median_ms\": {median:.3},\n  \"min_ms\": {:.3},\n  \"runs\": {},\n  \"target_ms\": 10.0\n}}\n",
         samples[0],
         samples.len()
     );

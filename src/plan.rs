@@ -180,14 +180,20 @@ struct Run {
 
 impl Run {
     /// The furthest place this run may end at, at most `limit` bytes from `from` (a cut or the
-    /// end), or None.
+    /// end), or None. `cuts` are sorted: a binary search.
     fn boundary_within(&self, from: u64, limit: u64) -> Option<u64> {
-        self.cuts.iter().copied().chain([self.end]).filter(|&b| b > from && b - from <= limit).max()
+        let reach = from.saturating_add(limit);
+        if self.end <= reach {
+            return (self.end > from).then_some(self.end);
+        }
+        let below = self.cuts.partition_point(|&c| c <= reach);
+        below.checked_sub(1).map(|i| self.cuts[i]).filter(|&c| c > from)
     }
 
     /// The nearest place after `from` where the run may end.
     fn next_boundary(&self, from: u64) -> u64 {
-        self.cuts.iter().copied().chain([self.end]).filter(|&b| b > from).min().unwrap_or(self.end)
+        let after = self.cuts.partition_point(|&c| c <= from);
+        self.cuts.get(after).copied().unwrap_or(self.end)
     }
 }
 
@@ -232,9 +238,13 @@ fn pinnable(ranges: &[HostRange], pinned: &[Pinned], rules: &Rules, out: &mut Pl
     for cluster in clusters(ranges, candidates) {
         let first = pinned.partition_point(|p| p.addr + p.len <= cluster.addr);
         let over: Vec<&Pinned> = pinned[first..].iter().take_while(|p| p.addr < cluster.end).collect();
+        // Claimed spans are disjoint (an overlapping one is never claimed): walk back from the
+        // last one that starts before the cluster's end while they still reach into it.
         let others: Vec<(u64, u64, u64)> = claimed
             .range(..cluster.end)
-            .filter(|(_, &(end, group))| end > cluster.addr && group != cluster.group)
+            .rev()
+            .take_while(|(_, &(end, _))| end > cluster.addr)
+            .filter(|(_, &(_, group))| group != cluster.group)
             .map(|(&start, &(end, group))| (start, end, group.0))
             .collect();
         if over.is_empty() && others.is_empty() {
@@ -351,10 +361,16 @@ fn fill(ranges: &[HostRange], runs: Vec<Run>, rules: &Rules, out: &mut Plan) {
             skip(out, take_end, run.end, SkipReason::OverBudget);
         }
         room -= take_end - run.addr;
+        // Sources are in address order: each region takes the next ones that end inside it.
+        let mut next_source = 0;
         let mut start = run.addr;
         while start < take_end {
             let stop = run.boundary_within(start, rules.max_region_bytes).unwrap_or_else(|| run.next_boundary(start)).min(take_end);
-            let sources = run.sources.iter().copied().filter(|&s| ranges[s].addr >= start && ranges[s].end() <= stop).collect();
+            let mut sources = Vec::new();
+            while next_source < run.sources.len() && ranges[run.sources[next_source]].end() <= stop {
+                sources.push(run.sources[next_source]);
+                next_source += 1;
+            }
             out.regions.push(Region { addr: start, len: stop - start, owner: run.owner, priority: run.priority, kind: run.kind, sources });
             out.planned_bytes += stop - start;
             start = stop;
