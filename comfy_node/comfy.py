@@ -250,16 +250,6 @@ def foreign_pins() -> tuple[list[tuple[int, int]], int]:
     return ranges, int(getattr(mm, "TOTAL_PINNED_MEMORY", 0) or 0)
 
 
-def synchronize_devices():
-    """Waits for every queued CUDA copy (one may read host memory about to be unpinned)."""
-    try:
-        import torch
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001 - no CUDA build or no device: nothing in flight
-        pass
-
-
 # --- callbacks and instance wrappers ------------------------------------------------------------
 
 def _extension():

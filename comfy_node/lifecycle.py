@@ -109,7 +109,7 @@ def reconcile(patcher) -> dict | None:
     else:
         record.home = None
     report = _reconcile_ranges(native, patcher, record)
-    if home.held_bytes(record) and _skipped_for(report, "over_budget", "failed"):
+    if home.held_bytes(record) and skipped_for(report, "over_budget", "failed"):
         # All or nothing: a model whose home does not fit gets ComfyUI's ordinary unload.
         home.drop_held(record, "no pinned home: the budget has no room for a RAM copy of the weights in VRAM; "
                                "they unload the ordinary way")
@@ -160,13 +160,9 @@ def host_weights(patcher) -> list:
     return [t for t in tensors if not comfy.comfy_owned_storage(t)]
 
 
-def _skipped_for(report: dict, *reasons: str) -> bool:
-    return any(skip["reason"] in reasons for skip in report["skipped"])
-
-
 def skipped_for(report: dict, *reasons: str) -> bool:
     """Some of the model's weights were left unpinned for one of `reasons` (e.g. over_budget)."""
-    return _skipped_for(report, *reasons)
+    return any(skip["reason"] in reasons for skip in report["skipped"])
 
 
 def _drop_streaming(record: ModelRecord):
