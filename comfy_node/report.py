@@ -34,6 +34,10 @@ def status_text(status: dict) -> str:
             lines.append(f"    in RAM {human(owner['resident_bytes'])}, swapped out {human(owner['swapped_bytes'])}")
         for skip in owner["skipped"]:
             lines.append(f"    skipped {human(skip['bytes'])} in {skip['count']} range(s): {skip['description']}")
+        dynamic = owner.get("dynamic")
+        if dynamic:
+            lines.append(f"    ComfyUI staged {human(dynamic['staged_bytes'])} ({human(dynamic['staged_pinned_bytes'])} pinned); "
+                         f"checkpoint in RAM {human(dynamic['checkpoint_resident_bytes'])} of {human(dynamic['checkpoint_bytes'])}")
         for note in owner.get("notes", []):
             lines.append(f"    {note}")
         if owner.get("standing_aside"):
@@ -70,7 +74,8 @@ def status_text(status: dict) -> str:
         lines.append(f"Native module: {build.get('origin')} {build.get('module_source_hash')}{stale}")
     comfy = status.get("comfy") or {}
     if comfy.get("version"):
-        lines.append(f"ComfyUI {comfy['version']} ({comfy['mode']})")
+        ceiling = f"; its pin ceiling {human(comfy['pin_ceiling_bytes'])}" if comfy.get("mode") == "dynamic" else ""
+        lines.append(f"ComfyUI {comfy['version']} ({comfy['mode']}){ceiling}")
     if comfy.get("pinned_bytes"):
         lines.append(f"ComfyUI's own pinning: {human(comfy['pinned_bytes'])} in {comfy['pinned_tensors']} tensor(s) (counted in the budget)")
     for note in comfy.get("notes", []):

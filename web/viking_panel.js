@@ -73,6 +73,15 @@ app.registerExtension({
         line.dataset.owner = String(owner.owner);
         line.dataset.pinnedBytes = String(owner.pinned_bytes);
         line.dataset.label = owner.label;
+        const dynamic = owner.dynamic; // ComfyUI 0.33's dynamic VRAM mode: its own staging of this model
+        if (dynamic) {
+          row(panel, "viking-dynamic", `    ComfyUI staged ${human(dynamic.staged_bytes)} (${human(dynamic.staged_pinned_bytes)} pinned); `
+            + `checkpoint in RAM ${human(dynamic.checkpoint_resident_bytes)} of ${human(dynamic.checkpoint_bytes)}`);
+        }
+      }
+      if (status.comfy && status.comfy.mode === "dynamic") {
+        row(panel, "viking-comfy", `ComfyUI ${status.comfy.version} dynamic VRAM: pin ceiling ${human(status.comfy.pin_ceiling_bytes)}, `
+          + `${human(status.comfy.pinned_bytes)} pinned by ComfyUI`);
       }
       row(panel, "viking-budget", `Budget ${human(status.budget.limit_bytes)}: ${status.budget.reason}`);
       const cuda = status.cuda;
