@@ -45,6 +45,8 @@ def image_hash(server, entry):
 
 
 PIN_INPUTS = {"budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0, "pinned_home": True}
+MODEL_ONLY = ("vram_cap_gib", "prefetch")  # Pin Model's inputs that Pin CLIP / VAE do not have
+LOAD_LINES = ("loaded completely", "loaded partially", "Requested to load", "tiled", "Ran out of memory", "lowvram")
 
 
 def graph(server, viking, seed, lora=None, overrides=None):
@@ -56,10 +58,14 @@ def graph(server, viking, seed, lora=None, overrides=None):
     if viking:
         settings = {**PIN_INPUTS, **(overrides or {})}
         model_settings = {**PIN_INPUTS, "priority": 10, "vram_cap_gib": 4.0, **(overrides or {})}
-        api["20"] = {"class_type": "VikingPinModel", "inputs": {"model": model, **model_settings}}
-        api["21"] = {"class_type": "VikingPinCLIP", "inputs": {"clip": clip, **{k: v for k, v in settings.items() if k != "vram_cap_gib"}}}
-        api["22"] = {"class_type": "VikingPinVAE", "inputs": {"vae": vae, **{k: v for k, v in settings.items() if k != "vram_cap_gib"}}}
-        model, clip, vae = ["20", 0], ["21", 0], ["22", 0]
+        shared = {k: v for k, v in settings.items() if k not in MODEL_ONLY and not k.startswith("_")}
+        if settings.get("_pin_model", True):
+            api["20"] = {"class_type": "VikingPinModel", "inputs": {
+                "model": model, **{k: v for k, v in model_settings.items() if not k.startswith("_")}}}
+            model = ["20", 0]
+        api["21"] = {"class_type": "VikingPinCLIP", "inputs": {"clip": clip, **shared}}
+        api["22"] = {"class_type": "VikingPinVAE", "inputs": {"vae": vae, **shared}}
+        clip, vae = ["21", 0], ["22", 0]
         for encoder in ("6", "7"):
             api[encoder]["inputs"]["clip"] = clip
         api["8"]["inputs"]["vae"] = vae
@@ -89,12 +95,23 @@ def run_sequence(name, overrides, prompts, free_cycles=0):
     if version != "0.3.75" and not dynamic:
         extra.append("--disable-dynamic-vram")
     row = dict(prompts=[], cycles=[])
+    seen = 0
+
+    def load_lines():
+        """What ComfyUI logged about loading models since the last call (how much of each model
+        went to VRAM decides which of its own code paths run)."""
+        nonlocal seen
+        lines = server.log_path.read_text(errors="replace").splitlines()
+        new, seen = lines[seen:], len(lines)
+        return [line.strip() for line in new if any(key in line for key in LOAD_LINES)][:20]
+
     with ComfyServer(base, extra, cpu=False, version=version, start_timeout=300) as server:
         for index, (seed, lora) in enumerate(prompts):
             entry = server.run_prompt(graph(server, viking, seed, lora, overrides), timeout=600)
+            loads = load_lines()
             if index == 0:
                 continue  # the warm-up: the first run of a fresh process may pick other kernels
-            prompt = dict(seed=seed, lora=lora, seconds=run_seconds(entry), image=image_hash(server, entry))
+            prompt = dict(seed=seed, lora=lora, seconds=run_seconds(entry), image=image_hash(server, entry), loads=loads)
             if viking:
                 status = server.get("/viking/status")
                 model = next((o for o in status["owners"] if o["label"].startswith("MODEL")), {})
@@ -106,7 +123,8 @@ def run_sequence(name, overrides, prompts, free_cycles=0):
         for cycle in range(free_cycles):
             server.free(unload_models=True, free_memory=True, settle=1.0)
             entry = server.run_prompt(graph(server, viking, 1, None, overrides), timeout=600)
-            item = dict(cycle=cycle, seconds=run_seconds(entry), image=image_hash(server, entry), rss_bytes=status_bytes(server.pid, "VmRSS"))
+            item = dict(cycle=cycle, seconds=run_seconds(entry), image=image_hash(server, entry), rss_bytes=status_bytes(server.pid, "VmRSS"),
+                        loads=load_lines())
             if viking:
                 counters = server.get("/viking/status")["counters"]
                 item.update(registrations=counters["registrations"], releases=counters["releases"])

@@ -29,7 +29,7 @@ SETTINGS_INPUTS = [
 
 
 def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float, backend: str, priority: int,
-         pinned_home: bool = True, vram_cap_gib: float = 0.0) -> Result:
+         pinned_home: bool = True, vram_cap_gib: float = 0.0, prefetch: bool = True) -> Result:
     native = require()
     for name, number in (("budget_gib", budget_gib), ("headroom_gib", headroom_gib), ("vram_cap_gib", vram_cap_gib)):
         native.gib_to_bytes(name, float(number))  # the one rule for sizes; its ValueError says what to change
@@ -54,7 +54,8 @@ def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float,
     label = f"{kind} {type(patcher.model).__name__} (node #{node_id})"
     settings = lifecycle.PinSettings(label=label, model_limit_gib=float(budget_gib), headroom_gib=float(headroom_gib),
                                      backend=backend, priority=int(priority), node_id=node_id,
-                                     vram_cap_gib=float(vram_cap_gib), pinned_home=bool(pinned_home))
+                                     vram_cap_gib=float(vram_cap_gib), pinned_home=bool(pinned_home),
+                                     prefetch=bool(prefetch))
     try:
         report = lifecycle.attach(patcher, settings)
     except native.BackendUnavailableError as error:
@@ -91,6 +92,9 @@ def _pin_text(report: dict, notes: list[str], node_budget_bytes: int = 0) -> str
 VRAM_CAP = Input("vram_cap_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step=0.5,
                  tooltip="Keep at most this many GiB of the model's weights in VRAM; the rest stays in pinned RAM "
                          "and streams to the GPU at each step. 0 = let ComfyUI decide.")
+PREFETCH = Input("prefetch", "BOOLEAN", default=True, optional=True,  # optional: saved API graphs stay valid
+                 tooltip="Copy the weights that stream from RAM (low VRAM, or a VRAM cap) to the GPU ahead of the "
+                         "layers that need them, on a copy stream of their own. Off: ComfyUI streams them alone.")
 
 
 def _status(node_id: str, after=None) -> Result:
@@ -123,7 +127,8 @@ def _pin_spec(node_id: str, kind: str, display: str, description: str, extra_inp
         inputs=[Input(name, kind)] + SETTINGS_INPUTS + list(extra_inputs),
         outputs=[Output(kind, kind)],
         run=lambda node_id, **i: _pin(node_id, kind, i[name], i["budget_gib"], i["headroom_gib"], i["backend"],
-                                      i["priority"], i.get("pinned_home", True), i.get("vram_cap_gib", 0.0)),
+                                      i["priority"], i.get("pinned_home", True), i.get("vram_cap_gib", 0.0),
+                                      i.get("prefetch", True)),
         # Cached like any node, but re-run after a Viking Unpin so the model is pinned again.
         fingerprint=lifecycle.unpin_generation,
     )
@@ -136,7 +141,7 @@ SPECS = [
               "ComfyUI loads and unloads them. With a pinned home, unloading copies nothing and reloading "
               "runs at DMA speed. Optionally caps the VRAM the model's weights take; the rest streams from "
               "pinned RAM, prefetched ahead of the layers that need it.",
-              extra_inputs=[VRAM_CAP]),
+              extra_inputs=[VRAM_CAP, PREFETCH]),
     _pin_spec("VikingPinCLIP", "CLIP", "Viking Pin CLIP", "The same as Viking Pin Model, for the text encoder."),
     _pin_spec("VikingPinVAE", "VAE", "Viking Pin VAE", "The same as Viking Pin Model, for the VAE."),
     NodeSpec(

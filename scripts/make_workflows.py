@@ -46,8 +46,8 @@ def pin_settings(budget_gib=0.0, headroom_gib=0.0, backend="auto", priority=0, p
     return [budget_gib, headroom_gib, backend, priority, pinned_home]
 
 
-def model_pin_settings(vram_cap_gib=0.0, **settings):
-    return pin_settings(**settings) + [vram_cap_gib]
+def model_pin_settings(vram_cap_gib=0.0, prefetch=True, **settings):
+    return pin_settings(**settings) + [vram_cap_gib, prefetch]
 
 
 def txt2img(width, height, steps, model_settings, note):

@@ -1,7 +1,7 @@
 """Which Viking feature changes the bits of a LoRA prompt on a GPU server (seen in
 bench/results/gpu_server_*.json: the LoraLoader prompt differed from ComfyUI alone while plain
 and hook-LoRA prompts matched). One server per variant: warm-up, LoRA (seed 2), plain (seed 1),
-LoRA again (seed 2); the images' hashes per variant.
+LoRA again (seed 2); the images' hashes per variant, and what ComfyUI logged about each load.
 
 usage: python bench/probes/lora_variants.py VERSION OUT.json [--free-gib 2]
 """
@@ -16,9 +16,9 @@ import gpu_server as bench  # noqa: E402  (its main runs only as a script)
 VARIANTS = {
     "comfy": None,
     "viking": {},
-    "viking_no_home": {"pinned_home": False},
-    "viking_no_cap": {"vram_cap_gib": 0.0},
-    "viking_os_lock": {"backend": "os-lock"},
+    "viking_no_prefetch": {"prefetch": False},
+    "viking_bare": {"prefetch": False, "pinned_home": False, "vram_cap_gib": 0.0},  # pins only
+    "viking_model_not_pinned": {"_pin_model": False},  # Pin CLIP and Pin VAE only
 }
 rows = {}
 holder, held = bench.hold_vram(bench.free_gib)
@@ -30,3 +30,5 @@ finally:
 Path(sys.argv[2]).write_text(json.dumps(dict(held_vram_bytes=held, rows=rows), indent=1))
 for name, row in rows.items():
     print(name, [p["image"][:10] for p in row["prompts"]], row["bad_log_lines"][:1])
+    for p in row["prompts"]:
+        print("   ", p["seed"], p["lora"], p["loads"])
