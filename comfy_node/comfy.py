@@ -218,6 +218,17 @@ def streamed_modules(model) -> list:
     return found
 
 
+def sampled_in_steps(patcher) -> bool:
+    """A diffusion model (ComfyUI's BaseModel): sampling runs its forward once per step."""
+    return hasattr(patcher.model, "diffusion_model")
+
+
+def loaded_in_part(patcher) -> bool:
+    """ComfyUI loaded this model in part (lowvram): some weights stay in RAM and are copied to
+    the device at each use. Set by load / partially_unload, cleared when the model unloads."""
+    return bool(getattr(patcher.model, "model_lowvram", False))
+
+
 def diffusion_root(patcher):
     """The module whose forward is one sampling step."""
     return patcher.model.diffusion_model if hasattr(patcher.model, "diffusion_model") else patcher.model

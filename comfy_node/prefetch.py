@@ -21,6 +21,12 @@ only out of VRAM ComfyUI had granted this model's weights and a Viking VRAM cap 
 (measured: taking free VRAM at load time instead runs the step out of memory when VRAM is
 tight). Same bytes, same kernels: outputs are bit-identical.
 
+Only the diffusion model gets one, and only while ComfyUI has it loaded in part: Viking must
+not change how much VRAM ComfyUI finds free when it decides how to split a model (a LoRA's
+weights are computed differently for a layer in VRAM and a streamed one), so nothing here
+takes device memory outside a sampling step, and ComfyUI's cleanup after sampling drops the
+copies queued ahead.
+
 Hooks are PyTorch's per-module forward hooks, on the streamed modules of one model only, and
 removed when the model stops streaming. A model with hook patches (which rewrite weights in
 place per step) gets no prefetcher, and a step that begins while hook patches are registered
@@ -46,11 +52,17 @@ class CudaCopies:
         import torch
 
         self.torch, self.device = torch, device
-        self.stream = torch.cuda.Stream(device=device)
+        # Made at the first copy, inside a sampling step, not here: PyTorch's first stream sets up
+        # its pool of streams, which takes device memory (measured on an H200: 70 MB) and would
+        # shrink what ComfyUI finds free for the next model it loads, so it splits that model
+        # between VRAM and RAM otherwise and the image changes (bench/probes/clip_free_vram.py).
+        self.stream = None
 
     def copy(self, tensor):
         """Queues a copy of `tensor` to the device on the copy stream: (copy, ready event)."""
         torch = self.torch
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(device=self.device)
         with torch.cuda.stream(self.stream):
             copied = tensor.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
@@ -62,6 +74,8 @@ class CudaCopies:
 
     def copies_wait_for_compute(self):
         """Later copies start only after the compute queued so far."""
+        if self.stream is None:
+            return  # no copy made yet
         done = self.torch.cuda.Event()
         done.record(self.torch.cuda.current_stream(self.device))
         self.stream.wait_event(done)
@@ -241,7 +255,13 @@ def update(patcher, record, enabled: bool, window_bytes: int = 0) -> dict | None
     and only if that much is free. Returns a summary for the status."""
     current = record.prefetcher
     device = comfy.load_device(patcher)
-    streams = enabled and getattr(device, "type", None) == "cuda"
+    # Only a sampled model that ComfyUI loaded in part: its forward is one step, run again and
+    # again, so copies queued ahead are used. A text encoder or a VAE runs once per use; copies
+    # queued for a "next step" would sit in VRAM while the next model loads, and ComfyUI would
+    # find less free than it does alone (seen on an H200: with a prefetcher on the text encoder,
+    # ComfyUI split the next models differently and a LoRA image changed).
+    streams = (enabled and getattr(device, "type", None) == "cuda" and comfy.sampled_in_steps(patcher)
+               and comfy.loaded_in_part(patcher))
     modules = comfy.streamed_modules(comfy.torch_model(patcher)) if streams else []
     if current is not None and [id(m) for m in current.modules] == [id(m) for m in modules]:
         current.idle()  # between runs, no VRAM held for copies ahead
