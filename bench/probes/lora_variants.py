@@ -20,6 +20,7 @@ VARIANTS = {
     "viking_model_not_pinned": {"_pin_model": False},  # Pin CLIP and Pin VAE only
     "viking_clip_only": {"_pin_model": False, "_pin_vae": False},
     "viking_vae_only": {"_pin_model": False, "_pin_clip": False},
+    "viking_model_only": {"_pin_clip": False, "_pin_vae": False},
     "viking_no_nodes": {"_pin_model": False, "_pin_clip": False, "_pin_vae": False},  # installed, unused
 }
 wanted = bench.arg("--variants", ",".join(VARIANTS), str).split(",")
