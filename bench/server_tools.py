@@ -13,13 +13,22 @@ BAD_LOG_LINES = ("Pin error", "Tried to unpin", "CUDA error", "Traceback", "cuda
 def hold_vram(keep_free_gib):
     """A process that allocates all but `keep_free_gib` of the GPU's free memory and waits
     (ComfyUI puts a model straight into VRAM when it fits in what is free). Returns it and the
-    bytes it holds; kill() it to give them back."""
+    bytes it holds; hold_more() makes it take more; kill() it to give them back."""
     code = ("import sys, torch; free, _ = torch.cuda.mem_get_info(); "
-            f"hold = torch.empty(max(0, free - int({keep_free_gib} * 2**30)), dtype=torch.uint8, device='cuda'); "
-            "print('held', hold.numel(), flush=True); sys.stdin.read()")
+            f"hold = [torch.empty(max(0, free - int({keep_free_gib} * 2**30)), dtype=torch.uint8, device='cuda')]; "
+            "print('held', hold[0].numel(), flush=True)\n"
+            "for line in sys.stdin:\n"
+            "    hold.append(torch.empty(int(line), dtype=torch.uint8, device='cuda')); print('held', int(line), flush=True)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     return proc, int(line.split()[1])
+
+
+def hold_more(holder, nbytes: int) -> int:
+    """The holding process takes `nbytes` more of VRAM (in its own context, made already)."""
+    holder.stdin.write(f"{int(nbytes)}\n")
+    holder.stdin.flush()
+    return int(holder.stdout.readline().split()[1])
 
 
 def status_bytes(pid, field):
