@@ -14,11 +14,16 @@ def hold_vram(keep_free_gib):
     """A process that allocates all but `keep_free_gib` of the GPU's free memory and waits
     (ComfyUI puts a model straight into VRAM when it fits in what is free). Returns it and the
     bytes it holds; hold_more() makes it take more; kill() it to give them back."""
+    # PyTorch rounds a request of 1-10 MiB up to a 20 MiB segment: hold_more() gives back a
+    # 64 MiB block and takes 64 MiB + n in one piece instead (rounded to 2 MiB only).
+    spare = 64 << 20
     code = ("import sys, torch; free, _ = torch.cuda.mem_get_info(); "
-            f"hold = [torch.empty(max(0, free - int({keep_free_gib} * 2**30)), dtype=torch.uint8, device='cuda')]; "
-            "print('held', hold[0].numel(), flush=True)\n"
+            f"hold = [torch.empty(max(0, free - int({keep_free_gib} * 2**30) - {spare}), dtype=torch.uint8, device='cuda'), "
+            f"torch.empty({spare}, dtype=torch.uint8, device='cuda')]; "
+            "print('held', sum(t.numel() for t in hold), flush=True)\n"
             "for line in sys.stdin:\n"
-            "    hold.append(torch.empty(int(line), dtype=torch.uint8, device='cuda')); print('held', int(line), flush=True)")
+            "    size = hold.pop().numel() + int(line); torch.cuda.empty_cache()\n"
+            "    hold.append(torch.empty(size, dtype=torch.uint8, device='cuda')); print('held', int(line), flush=True)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     return proc, int(line.split()[1])
