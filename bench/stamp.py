@@ -1,0 +1,22 @@
+"""Puts where a GPU result came from at the top of its file: the commit it measured, whether the
+tree was dirty, the device and the command. The GPU machine has no git, so this runs here, on
+the files brought back. Every GPU result file in bench/results/ carries these fields.
+
+usage: python bench/stamp.py IN.json OUT.json COMMIT "COMMAND" [--dirty] [--note TEXT]
+"""
+import json
+import sys
+
+DEVICE = "NVIDIA H200 (PCIe), driver 580.159.04, torch 2.11.0+cu130, CUDA 13"
+
+source, target, commit, command = sys.argv[1:5]
+note = sys.argv[sys.argv.index("--note") + 1] if "--note" in sys.argv else None
+data = json.load(open(source))
+stamp = {"commit": commit, "dirty": "--dirty" in sys.argv, "device": f"{DEVICE}, {data.get('date', '2026-12-01')}",
+         "command": command}
+if note:
+    stamp["note"] = note
+with open(target, "w") as out:
+    json.dump({**stamp, **{k: v for k, v in data.items() if k not in stamp}}, out, indent=1)
+    out.write("\n")
+print(target, commit)

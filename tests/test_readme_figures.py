@@ -1,0 +1,177 @@
+"""The README's figures against the result files they cite, so that a figure and its file cannot
+drift apart, and the files older than the code they measured named in the README, so that no
+figure passes for today's code when it is not.
+
+Each figure is rebuilt from its JSON file in the README's own wording and must appear there.
+A result file is older than its code when a file it measured (SOURCES) changed since the commit
+it records; the README's line "Older than their code, ..." must name exactly those files."""
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+README = (REPO / "README.md").read_text()
+
+NATIVE = ["src", "Cargo.toml", "build.rs"]
+STREAMING = ["comfy_node/lifecycle.py", "comfy_node/weights.py", "comfy_node/comfy.py", "comfy_node/prefetch.py",
+             "comfy_node/vram_cap.py", "comfy_node/home.py", "bench/flux_model.py"]
+SERVER = ["comfy_node", "bench/server_tools.py", "tests/comfy_server.py", "tests/synthetic_checkpoint.py"]
+# What each result file measured: the code whose change makes its figures old.
+SOURCES = {
+    "gpu_perf.json": NATIVE + STREAMING + ["bench/gpu_perf.py"],
+    "gpu_vram_cap.json": NATIVE + STREAMING + ["bench/comfy_vram_cap.py"],
+    "gpu_prefetch_cap_test.json": NATIVE + STREAMING + ["bench/comfy_vram_cap.py"],
+    "gpu_home_timing.json": NATIVE + STREAMING + ["bench/comfy_home.py"],
+    "gpu_home_correctness.json": NATIVE + STREAMING + ["bench/comfy_home.py"],
+    "gpu_tests.json": NATIVE + ["comfy_node", "tests/test_native.py", "tests/test_reliability.py",
+                                "tests/test_gpu_streaming.py", "bench/comfy_home.py", "bench/comfy_vram_cap.py"],
+    "gpu_server_0_3_75.json": NATIVE + SERVER + ["bench/gpu_server.py"],
+    "gpu_server_0_33.json": NATIVE + SERVER + ["bench/gpu_server.py"],
+    "gpu_dynamic.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
+    "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
+    "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
+    "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
+    "plan.json": ["src/plan.rs", "src/spans.rs", "benches/plan.rs"],
+    "swap_cpu.json": NATIVE + ["comfy_node/lifecycle.py", "comfy_node/weights.py", "bench/swap_pressure.py"],
+}
+# Probes of the code before a fix, kept on purpose as the evidence of its cause (the README says so).
+OF_OLDER_CODE = {"gpu_probe_lora_variants_0_3_75.json", "gpu_probe_lora_variants_0_33.json",
+                 "gpu_probe_clip_free_vram.json"}
+
+
+def load(name):
+    return json.loads((RESULTS / name).read_text())
+
+
+def git(*args):
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+
+
+def test_every_result_file_is_known_and_records_its_commit():
+    for path in sorted(RESULTS.glob("*.json")):
+        assert path.name in SOURCES or path.name in OF_OLDER_CODE, \
+            f"{path.name}: add it to SOURCES here (what it measured) so its age is checked"
+        assert re.fullmatch(r"[0-9a-f]{7,40}", load(path.name).get("commit", "")), f"{path.name} records no commit"
+
+
+def test_readme_names_exactly_the_files_older_than_their_code():
+    if git("rev-parse", "HEAD").returncode != 0:
+        pytest.skip("no git history here: the age of the result files cannot be checked")
+    older = set()
+    for name, sources in SOURCES.items():
+        commit = load(name)["commit"]
+        if git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+            pytest.skip(f"commit {commit} ({name}) is not in this clone (shallow?): ages cannot be checked")
+        existing = [s for s in sources if (REPO / s).exists()]
+        if git("diff", "--quiet", commit, "--", *existing).returncode != 0:
+            older.add(name)
+    line = next((line for line in README.splitlines() if line.startswith("Older than their code")), "")
+    named = set(re.findall(r"`([\w.]+\.json)`", line))
+    assert named == older, (f"the README's 'Older than their code' line names {sorted(named)}; older than their "
+                            f"code now: {sorted(older)}")
+
+
+def f(value, digits):
+    return f"{value:.{digits}f}"
+
+
+def perf():
+    d = load("gpu_perf.json")["cases"]
+    pin, bw, low = d["pin"]["pin"], d["pin"]["bandwidth"], d["low_viking"]
+    return [
+        f"{f(pin['viking']['seconds_median'], 2)} s = {f(pin['viking']['gb_per_s'], 1)} GB/s",
+        f"per tensor (ComfyUI's way): {f(pin['per_tensor']['seconds_median'], 2)} s = {f(pin['per_tensor']['gb_per_s'], 1)} GB/s",
+        f"{f(pin['pin_memory']['seconds_median'], 1)} s = {f(pin['pin_memory']['gb_per_s'], 1)} GB/s, "
+        f"+{pin['pin_memory']['peak_extra_ram_bytes'] / 1e9:.0f} GB RAM",
+        f"{f(pin['pin_memory_warm']['seconds_median'], 2)} s = {f(pin['pin_memory_warm']['gb_per_s'], 0)} GB/s",
+        f"pinned {f(bw['pinned_weights_gb_per_s'], 1)} GB/s | pageable {f(bw['pageable_weights_gb_per_s'], 1)} GB/s",
+        f"**{f(100 * bw['pinned_weights_gb_per_s'] / bw['cuda_host_alloc_gb_per_s'], 1)}%** of the link",
+        f"{f(d['full_viking']['load_s'], 2)} s (+{f(d['full_viking']['pin_s'], 2)} s pinning",
+        f"pageable {f(d['full_none']['load_s'], 2)} s",
+        f"**{f(low['step_s_median'], 3)} s** | ComfyUI's built-in pinning {f(d['low_builtin']['step_s_median'], 3)} s; "
+        f"pinning off {f(d['low_none']['step_s_median'], 3)} s",
+        f"Viking {f(low['over_floor'], 2)}x, built-in {f(d['low_builtin']['over_floor'], 2)}x the floor",
+    ]
+
+
+def vram_cap():
+    d = load("gpu_vram_cap.json")
+    rows = {(r["mode"], r["cap_gib"]): r for r in d["rows"]}
+    out = []
+    for (mode, cap), r in rows.items():
+        text = f"{f(r['step_s'], 3)} s, {f(r['over_floor'], 2)}x"
+        if mode == "viking":
+            text += f", {r['peak_vram_bytes'] / 1e9:.1f} GB"
+        out.append(text)
+    return out
+
+
+def home():
+    d = load("gpu_home_timing.json")["parts"]
+    comfy, viking = d["timing"]["rows"]
+    turns = {r["mode"]: r for r in d["alternate"]["rows"]}
+    return [
+        f"| {f(comfy['unload_s'], 2)} s | {f(viking['unload_s'], 3)} s | **{f(d['timing']['unload_speedup'], 0)}x** |",
+        f"| {f(comfy['reload_s'], 2)} s ({comfy['reload_gbps']} GB/s) | {f(viking['reload_s'], 3)} s ({viking['reload_gbps']} GB/s) "
+        f"| **{f(d['timing']['reload_speedup'], 1)}x** |",
+        f"| {f(turns['comfy']['total_s'], 1)} s ({f(turns['comfy']['median_turn_s'], 1)} s a turn) | "
+        f"{f(turns['viking']['total_s'], 2)} s ({f(turns['viking']['median_turn_s'], 2)} s a turn) | **{f(d['alternate']['speedup'], 1)}x** |",
+        f"| {comfy['rss_bytes'] / 1e9:.1f} GB | {viking['rss_bytes'] / 1e9:.1f} GB |",
+        f"| {turns['comfy']['rss_bytes'] / 1e9:.1f} GB | {turns['viking']['rss_bytes'] / 1e9:.1f} GB |",
+    ]
+
+
+def gpu_tests():
+    d = load("gpu_tests.json")
+    pinned = next(p for p in d["printed"] if p.startswith("cuda: pinned"))
+    seconds, rate, h2d, pageable, ratio = re.search(
+        r"pinned 4 GiB in ([\d.]+) s \(([\d.]+) GiB/s\); H2D pinned ([\d.]+) GB/s vs pageable ([\d.]+) GB/s = ([\d.]+)x", pinned).groups()
+    portable = re.search(r"H2D ([\d.]+) GB/s", next(p for p in d["printed"] if "PORTABLE only: H2D" in p)).group(1)
+    return [f"| {d['passed']} passed |", f"{seconds} s ({rate} GiB/s)",
+            f"{h2d} vs {pageable} GB/s = **{ratio}x**; PORTABLE only {portable} GB/s"]
+
+
+def servers():
+    out = []
+    for name in ("gpu_server_0_3_75.json", "gpu_server_0_33.json"):
+        d = load(name)
+        c = d["modes"]["viking"]["after_free"]["counters"]
+        same = next(x["what"] for x in d["checks"] if x["what"].startswith("images bit-identical with Viking"))
+        out += [f"{c['registrations']} = {c['releases']}, {c['failures']} failed", f"{d['viking_vram_page_tables_mib']:.2f} MiB",
+                f"{d['identical_to_comfy_alone_at_the_same_start']} of 8"]
+        assert same.endswith("8 of 8") == ("**8 of 8**" in README)
+    return out
+
+
+def dynamic():
+    d = load("gpu_dynamic.json")
+    seconds = {m: [p["seconds"] for p in r["prompts"]] for m, r in d["modes"].items()}
+    rss = {m: r["peak_rss_bytes"] / 1e9 for m, r in d["modes"].items()}
+    alone, nodes, static = seconds["dynamic"], seconds["dynamic_nodes"], seconds["static_nodes"]
+    return [
+        f"| {f(alone[0], 2)} s | {f(nodes[0], 2)} s | {f(nodes[0] / alone[0], 2)}x | {f(static[0], 2)} s ({f(static[0] / alone[0], 2)}x) |",
+        f"| {f(alone[1], 3)} / {f(alone[2], 3)} s | {f(nodes[1], 3)} / {f(nodes[2], 3)} s",
+        f"| {f(alone[3], 3)} s | {f(nodes[3], 3)} s | {f(nodes[3] / alone[3], 2)}x | {f(static[3], 3)} s ({f(static[3] / alone[3], 2)}x) |",
+        f"| {f(rss['dynamic'], 1)} GB | {f(rss['dynamic_nodes'], 1)} GB | {f(rss['dynamic_nodes'] / rss['dynamic'], 2)}x "
+        f"| {f(rss['static_nodes'], 1)} GB ({f(rss['static_nodes'] / rss['dynamic'], 2)}x) |",
+    ]
+
+
+def plan():
+    return [f"{f(load('plan.json')['median_ms'], 1)} ms median"]
+
+
+FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,
+           "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "plan.json": plan}
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_readme_figures_are_the_files_figures(name):
+    missing = [text for text in FIGURES[name]() if text not in README]
+    assert not missing, f"the README does not quote these figures of {name} as the file has them: {missing}"
+    assert f"`{load(name)['commit']}`" in README, f"the README does not say which commit {name} measured"
