@@ -107,6 +107,38 @@ engine_mode.set_enabled(False)
 checks["engine mode off: its model forgotten"] = nothing_left(lifecycle.owner_of(engine_patcher))
 checks["engine mode off: the node's model kept"] = lifecycle.is_pinned(node_patcher)
 lifecycle.unpin(None)
+# 5. Which models get a prefetcher: a diffusion model that ComfyUI loaded in part, and nothing
+# else. A prefetcher elsewhere held VRAM and changed how ComfyUI split the next model (seen on an
+# H200, bench/results/gpu_probe_lora_variants_*.json). Each case is loaded on the CPU, then told
+# its load device is CUDA: prefetch.update must decide "none" before it touches CUDA (making
+# one would need a GPU: tests/test_gpu_streaming.py).
+from comfy_node import prefetch  # noqa: E402
+
+
+class Sampled(torch.nn.Module):
+    """A BaseModel's shape: the module that sampling steps through is `diffusion_model`."""
+
+    def __init__(self):
+        super().__init__()
+        self.diffusion_model = model()
+
+
+def prefetcher_for(patcher, offered) -> bool:
+    loads_when_offered(patcher, offered)
+    patcher.load_device = torch.device("cuda", 0)
+    record = models.ModelRecord(owner=-1, settings=settings("prefetch case"))
+    try:
+        return prefetch.update(patcher, record, True) is not None or record.prefetcher is not None
+    except Exception as error:  # noqa: BLE001 - reaching CUDA here means it tried to make one
+        print(f"prefetch.update reached CUDA: {error}", file=sys.stderr)
+        return True
+
+
+encoder = patcher_of(model())
+checks["prefetch: none for a text encoder / VAE loaded in part"] = not prefetcher_for(encoder, 2 * MIB) and encoder.model.model_lowvram
+sampled = patcher_of(Sampled())
+checks["prefetch: none for a diffusion model loaded whole"] = not prefetcher_for(sampled, 64 * MIB) and not sampled.model.model_lowvram
+
 checks["unpin everything: no record, no pin"] = not models.owners() and json.loads(native.status_json())["pinned_bytes"] == 0
 
 print(json.dumps(checks, indent=1))

@@ -6,7 +6,7 @@ measured in bench/comfy_vram_cap.py and checked by tests/test_gpu_streaming.py t
 import torch
 
 from comfy_node.comfy import streamed_modules
-from comfy_node.prefetch import Prefetcher
+from comfy_node.prefetch import CudaCopies, Prefetcher
 
 WIDTH = 64
 
@@ -147,3 +147,12 @@ def test_idle_and_remove_let_go_of_everything():
     prefetcher.remove()
     assert not any(len(m._forward_pre_hooks) > 1 for m in modules)  # only the test's own watcher is left
     assert not net._forward_pre_hooks and not net._forward_hooks
+
+
+def test_cuda_copies_take_nothing_until_the_first_copy():
+    """No CUDA stream (PyTorch's first one sets up a pool that takes 70 MB of VRAM on an H200)
+    until a copy is made inside a sampling step; before that, nothing to wait for."""
+    copies = CudaCopies(torch.device("cuda", 0))
+    assert copies.stream is None
+    copies.copies_wait_for_compute()
+    assert copies.stream is None

@@ -16,4 +16,4 @@ def test_every_ending_forgets_the_whole_model(comfy_env):
     checks = json.loads(run.stdout[run.stdout.index("{"):])
     failed = [name for name, ok in checks.items() if not ok]
     assert not failed and run.returncode == 0, (failed, run.stderr[-2000:])
-    assert len(checks) == 13
+    assert len(checks) == 15
