@@ -108,6 +108,10 @@ def vram_cap():
         if mode == "viking":
             text += f", {r['peak_vram_bytes'] / 1e9:.1f} GB"
         out.append(text)
+    viking = sorted(r["over_floor"] for r in d["rows"] if r["mode"] == "viking")
+    alone = sorted(r["over_floor"] for r in d["rows"] if r["mode"] == "comfy")
+    out.append(f"{round(100 * viking[0] - 100)}-{round(100 * viking[-1] - 100)}% above the PCIe\n  floor on an H200 "
+               f"(ComfyUI alone at the same cap: {round(100 * alone[0] - 100)}-{round(100 * alone[-1] - 100)}% above it)")
     return out
 
 
@@ -123,6 +127,7 @@ def home():
         f"{f(turns['viking']['total_s'], 2)} s ({f(turns['viking']['median_turn_s'], 2)} s a turn) | **{f(d['alternate']['speedup'], 1)}x** |",
         f"| {comfy['rss_bytes'] / 1e9:.1f} GB | {viking['rss_bytes'] / 1e9:.1f} GB |",
         f"| {turns['comfy']['rss_bytes'] / 1e9:.1f} GB | {turns['viking']['rss_bytes'] / 1e9:.1f} GB |",
+        f"ran {f(d['alternate']['speedup'], 1)}x faster on an H200",
     ]
 
 
