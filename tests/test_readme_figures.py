@@ -167,12 +167,29 @@ def dynamic():
     ]
 
 
+def swap():
+    d = load("swap_cpu.json")
+    out = []
+    for device in ("swap file", "zram"):
+        alone, viking = (next(x for x in d["scenarios"] if x["swap_device"] == device and x["scenario"] == name)
+                         for name in ("unpinned", "viking"))
+        ratios = d["ratios"][device]
+        a, v = alone["median"], viking["median"]
+        out += [f"| {device} | without Viking | 0 | - | {a['process_swapped_bytes'] / 1e9:.2f} GB | "
+                f"{ratios['page_faults_unpinned_over_viking']:.1f}x Viking's | {int(a['swapped_in_during_next_run_bytes'] / 2**20)} MB | "
+                f"{ratios['next_run_seconds_unpinned_over_viking']:.1f}x Viking's |",
+                f"| {device} | Viking | {int(viking['pinned_bytes'] / 2**20)} MiB | **{v['pinned_weights_swapped_bytes']} B** | "
+                f"{v['process_swapped_bytes'] / 1e9:.2f} GB | | {int(v['swapped_in_during_next_run_bytes'] / 2**20)} MB | |"]
+    return out
+
+
 def plan():
     return [f"{f(load('plan.json')['median_ms'], 1)} ms median"]
 
 
 FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,
-           "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "plan.json": plan}
+           "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "plan.json": plan,
+           "swap_cpu.json": swap}
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
