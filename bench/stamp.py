@@ -1,8 +1,9 @@
-"""Puts where a GPU result came from at the top of its file: the commit it measured, whether the
+"""Puts where a result came from at the top of its file: the commit it measured, whether the
 tree was dirty, the device and the command. The GPU machine has no git, so this runs here, on
-the files brought back. Every GPU result file in bench/results/ carries these fields.
+the files brought back (and on CPU results whose bench does not record it). Every result file
+in bench/results/ carries these fields (tests/test_readme_figures.py checks it).
 
-usage: python bench/stamp.py IN.json OUT.json COMMIT "COMMAND" [--dirty] [--note TEXT]
+usage: python bench/stamp.py IN.json OUT.json COMMIT "COMMAND" [--dirty] [--note TEXT] [--device TEXT]
 """
 import json
 import sys
@@ -11,8 +12,9 @@ DEVICE = "NVIDIA H200 (PCIe), driver 580.159.04, torch 2.11.0+cu130, CUDA 13"
 
 source, target, commit, command = sys.argv[1:5]
 note = sys.argv[sys.argv.index("--note") + 1] if "--note" in sys.argv else None
+device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else DEVICE
 data = json.load(open(source))
-stamp = {"commit": commit, "dirty": "--dirty" in sys.argv, "device": f"{DEVICE}, {data.get('date', '2026-12-01')}",
+stamp = {"commit": commit, "dirty": "--dirty" in sys.argv, "device": f"{device}, {data.get('date', '2026-12-01')}",
          "command": command}
 if note:
     stamp["note"] = note
