@@ -127,6 +127,44 @@ checks["truncated file: no ranges, no view"] = short_ranges == [] and not short_
 checks["truncated file: a note that says what happened"] = any("replaced or truncated" in n for n in short_record.notes)
 lifecycle.forget(short_record.owner)
 
+# --- a budget smaller than one module ----------------------------------------------------------
+# The planner registers a weight's pages whole or not at all: with a 1 MiB limit and 8 MiB
+# weights nothing is pinned, and the node's text says which limit left them out.
+from comfy_node import nodes  # noqa: E402
+
+small = mapped_model(checkpoint("small_budget.safetensors"))
+lifecycle.attach(small, lifecycle.PinSettings(label="small budget", backend="os-lock", headroom_gib=0.0,
+                                              model_limit_gib=1 / 1024))
+small_record = lifecycle.record_of(small)
+small_report = json.loads(native.reconcile(small_record.owner, dynamic.file_ranges(small, small_record), backend="os-lock",
+                                           label="small budget", model_limit_gib=1 / 1024))
+small_text = nodes._pin_text(small_report, [], 1 << 20)
+checks["budget below one module: nothing pinned, every weight accounted as over budget"] = (
+    small_report["pinned_bytes"] == 0 and sum(k["bytes"] for k in small_report["skipped"] if k["reason"] == "over_budget")
+    == small_report["wanted_bytes"] > 0)
+checks["budget below one module: the node says this node's budget_gib left them out"] = "budget_gib" in small_text and "skipped" in small_text
+lifecycle.forget(small_record.owner)
+
+# --- a ComfyUI whose dynamic internals differ from 0.33's -------------------------------------
+# A dynamic patcher without the staging calls Viking governs (as a later ComfyUI might have):
+# Viking stands aside for it with the reason, pins nothing, and ComfyUI goes on.
+
+
+class OtherDynamicPatcher(comfy.model_patcher.ModelPatcher):
+    def is_dynamic(self):
+        return True
+
+
+other_net = torch.nn.Sequential(torch.nn.Linear(512, 512, bias=False))
+other = OtherDynamicPatcher(other_net, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+other_report = lifecycle.attach(other, lifecycle.PinSettings(label="other dynamic", backend="os-lock", headroom_gib=0.0))
+other_owner = lifecycle.owner_of(other)
+checks["other dynamic internals: Viking stands aside, saying why, pinning nothing"] = (
+    "stands aside in dynamic VRAM mode" in (other_report.get("standing_aside") or "") and other_report["pinned_bytes"] == 0
+    and not any(o["owner"] == other_owner for o in json.loads(native.status_json())["owners"]))
+checks["other dynamic internals: the node shows the reason"] = nodes._pin_text(other_report, []) == other_report["standing_aside"]
+lifecycle.forget(lifecycle.owner_of(other))
+
 # --- budget hand-over -------------------------------------------------------------------------
 comfy.memory_management.aimdo_enabled = True  # as main.py sets it when dynamic VRAM starts
 mm.MAX_PINNED_MEMORY = 8 << 30  # as on an NVIDIA machine (-1 under --cpu)
