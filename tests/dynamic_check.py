@@ -40,7 +40,7 @@ import comfy.model_management as mm  # noqa: E402
 import comfy.model_patcher  # noqa: E402
 import comfy.utils  # noqa: E402
 
-from comfy_node import comfy as seam, dynamic, lifecycle, models  # noqa: E402
+from comfy_node import comfy as seam, dynamic, lifecycle, models, nodes  # noqa: E402
 from comfy_node.native import require  # noqa: E402
 
 native = require()
@@ -130,8 +130,6 @@ lifecycle.forget(short_record.owner)
 # --- a budget smaller than one module ----------------------------------------------------------
 # The planner registers a weight's pages whole or not at all: with a 1 MiB limit and 8 MiB
 # weights nothing is pinned, and the node's text says which limit left them out.
-from comfy_node import nodes  # noqa: E402
-
 small = mapped_model(checkpoint("small_budget.safetensors"))
 lifecycle.attach(small, lifecycle.PinSettings(label="small budget", backend="os-lock", headroom_gib=0.0,
                                               model_limit_gib=1 / 1024))

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import comfy.model_patcher  # noqa: E402
 
-from comfy_node import contract, engine_mode, gate, lifecycle, models  # noqa: E402
+from comfy_node import contract, engine_mode, gate, lifecycle, models, prefetch  # noqa: E402
 from comfy_node.native import require  # noqa: E402
 
 native = require()
@@ -112,8 +112,6 @@ lifecycle.unpin(None)
 # H200, bench/results/gpu_probe_lora_variants_*.json). Each case is loaded on the CPU, then told
 # its load device is CUDA: prefetch.update must decide "none" before it touches CUDA (making
 # one would need a GPU: tests/test_gpu_streaming.py).
-from comfy_node import prefetch  # noqa: E402
-
 
 class Sampled(torch.nn.Module):
     """A BaseModel's shape: the module that sampling steps through is `diffusion_model`."""

@@ -6,6 +6,7 @@ Each figure is rebuilt from its JSON file in the README's own wording and must a
 A result file is older than its code when a file it measured (SOURCES) changed since the commit
 it records; the README's line "Older than their code, ..." must name exactly those files."""
 
+import functools
 import json
 import re
 import subprocess
@@ -44,7 +45,9 @@ OF_OLDER_CODE = {"gpu_probe_lora_variants_0_3_75.json", "gpu_probe_lora_variants
                  "gpu_probe_clip_free_vram.json"}
 
 
+@functools.cache
 def load(name):
+    """A result file, read once per test run (the extractors and the age check share it)."""
     return json.loads((RESULTS / name).read_text())
 
 
