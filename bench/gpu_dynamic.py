@@ -7,12 +7,16 @@ text encoders are not what is measured).
 
 Modes, each a fresh server: dynamic (ComfyUI alone), dynamic_nodes (Viking Pin Model between
 the loader and the sampler), dynamic_engine (VIKING_ENGINE_MODE=1, no node), static_nodes
-(--disable-dynamic-vram with the node: the cross-check). Per server: the first prompt from a
+(--disable-dynamic-vram with the node: the cross-check); a "_fastdisk" after "dynamic" adds
+ComfyUI's --fast-disk (weights with a VRAM slot stream from the file mapping each time instead
+of a pinned staging copy: the case where the file's pages are what a step reads, and what
+residency keeps), compared with dynamic_fastdisk alone. Per server: the first prompt from a
 cold start (the file's pages dropped from the page cache first), two warm prompts, then memory
 pressure (the file's page cache dropped with posix_fadvise(DONTNEED), the server's mappings
 of it paged out with process_madvise(MADV_PAGEOUT)) and one more prompt. Recorded: seconds per
-prompt, peak RSS (VmHWM), Viking's and ComfyUI's pinned bytes, ComfyUI's pin ceiling, the
-latent's hash (bit-identity across modes).
+prompt, peak RSS (VmHWM), PSS after each prompt (a page mapped twice, by aimdo and by Viking's
+view, counts once there; RSS counts it twice), Viking's and ComfyUI's pinned bytes, ComfyUI's
+pin ceiling, the latent's hash (bit-identity across modes).
 
 usage: python bench/gpu_dynamic.py OUT.json [--depth 19] [--free-gib 16] [--steps 4] [--size 1024]
 (run by ComfyUI 0.33's Python; writes the model file once under .comfy/cache)
@@ -137,9 +141,22 @@ def latent_hash(server, entry) -> str | None:
     return None
 
 
+def alone_mode(mode: str) -> str:
+    """The ComfyUI-alone mode a mode is compared with."""
+    return "dynamic_fastdisk" if "_fastdisk" in mode else "dynamic"
+
+
+def pss_bytes(pid: int) -> int | None:
+    for line in open(f"/proc/{pid}/smaps_rollup"):
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
 def run_mode(mode: str, path: Path) -> dict:
     base = Path(tempfile.mkdtemp(prefix=f"gpu_dynamic_{mode}_"))
-    nodes = {"viking_engine": REPO} if mode != "dynamic" else {}
+    with_viking = mode != alone_mode(mode)
+    nodes = {"viking_engine": REPO} if with_viking else {}
     prepare_base_dir(base, custom_nodes=nodes)
     (base / "custom_nodes" / "viking_bench_nodes").mkdir(exist_ok=True)
     (base / "custom_nodes" / "viking_bench_nodes" / "__init__.py").write_text(COND_NODE)
@@ -150,7 +167,9 @@ def run_mode(mode: str, path: Path) -> dict:
     extra = ["--disable-metadata", "--front-end-root", str(base / "frontend")]
     if mode.startswith("static"):
         extra.append("--disable-dynamic-vram")
-    env = {"VIKING_ENGINE_MODE": "1"} if mode == "dynamic_engine" else {}
+    if "_fastdisk" in mode:
+        extra.append("--fast-disk")
+    env = {"VIKING_ENGINE_MODE": "1"} if mode.endswith("_engine") else {}
     viking_node = mode.endswith("nodes")
     row = dict(prompts=[])
     drop_file_cache(path)
@@ -160,8 +179,8 @@ def run_mode(mode: str, path: Path) -> dict:
                 row["paged_out_bytes"] = page_out_file(server.pid, path)
                 drop_file_cache(path)
             entry = server.run_prompt(graph(viking_node, seed=index), timeout=900)
-            prompt = dict(stage=stage, seconds=run_seconds(entry), latent=latent_hash(server, entry))
-            if mode != "dynamic":
+            prompt = dict(stage=stage, seconds=run_seconds(entry), latent=latent_hash(server, entry), pss_bytes=pss_bytes(server.pid))
+            if with_viking:
                 status = server.get("/viking/status")
                 model = next((o for o in status["owners"] if "Flux" in o["label"] or o["label"].startswith("MODEL")), {})
                 prompt.update(viking_pinned_bytes=status["pinned_bytes"], comfy=status.get("comfy"),
@@ -189,21 +208,24 @@ finally:
 
 rows = result["modes"]
 latents = {m: [p["latent"] for p in r["prompts"]] for m, r in rows.items()}
-reference = latents.get("dynamic")
 for mode, hashes in latents.items():
+    reference = latents.get("dynamic", latents.get(alone_mode(mode)))
     check(hashes == reference and None not in hashes, f"{mode}: latents bit-identical to ComfyUI dynamic alone")
 for mode, row in rows.items():
     check(not row["bad_log_lines"], f"{mode}: no CUDA error, Pin error or traceback in the log: {row['bad_log_lines'][:3]}")
     if mode.startswith("dynamic"):
         check(row["dynamic_vram_on"], f"{mode}: ComfyUI ran in dynamic VRAM mode")
-alone = rows.get("dynamic")
 summary = {}
 for mode, row in rows.items():
-    if alone is None or mode == "dynamic":
+    alone = rows.get(alone_mode(mode))
+    if alone is None or mode == alone_mode(mode):
         continue
     ratios = {p["stage"] + (f" {i}" if p["stage"] == "warm" else ""): round(p["seconds"] / a["seconds"], 3)
               for i, (p, a) in enumerate(zip(row["prompts"], alone["prompts"])) if p["seconds"] and a["seconds"]}
-    summary[mode] = dict(seconds_over_dynamic_alone=ratios, peak_rss_over_dynamic_alone=round(row["peak_rss_bytes"] / alone["peak_rss_bytes"], 3))
+    peak_pss = max(p["pss_bytes"] or 0 for p in row["prompts"]) / max(p["pss_bytes"] or 1 for p in alone["prompts"])
+    summary[mode] = dict(compared_with=alone_mode(mode), seconds_over_alone=ratios,
+                         peak_rss_over_alone=round(row["peak_rss_bytes"] / alone["peak_rss_bytes"], 3),
+                         pss_over_alone=round(peak_pss, 3))
 result["summary"] = summary
 save()
 print(json.dumps(summary, indent=1))

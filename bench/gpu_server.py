@@ -105,9 +105,12 @@ def run_sequence(name, overrides, prompts, free_cycles=0):
         """What ComfyUI logged about loading models since the last call (how much of each model
         went to VRAM decides which of its own code paths run)."""
         nonlocal seen
-        lines = server.log_path.read_text(errors="replace").splitlines()
-        new, seen = lines[seen:], len(lines)
-        return [line.strip() for line in new if any(key in line for key in LOAD_LINES)][:20]
+        with open(server.log_path, "rb") as log_file:
+            log_file.seek(seen)
+            new = log_file.read()
+        seen += len(new)
+        lines = new.decode(errors="replace").splitlines()
+        return [line.strip() for line in lines if any(key in line for key in LOAD_LINES)][:20]
 
     with ComfyServer(base, extra, cpu=False, version=version, start_timeout=300) as server:
         for index, (seed, lora) in enumerate(prompts):
@@ -155,18 +158,20 @@ def run_mode(name, overrides):
     return row
 
 
+def megabytes(lines, what: str) -> list[str]:
+    """The 'N MB <what>' figures of ComfyUI's load lines, in order."""
+    return [found.group(1) for line in lines for found in [re.search(rf"([\d.]+) MB {what}", line)] if found]
+
+
 def first_usable_mib(row) -> float:
     """The VRAM ComfyUI found usable for the first model it loaded (the warm-up's first load)."""
-    for line in row["warm_up"]["loads"]:
-        found = re.search(r"([\d.]+) MB usable", line)
-        if found:
-            return float(found.group(1))
-    return 0.0
+    usable = megabytes(row["warm_up"]["loads"], "usable")
+    return float(usable[0]) if usable else 0.0
 
 
 def splits(item) -> list:
     """How ComfyUI split each model it loaded for one prompt: 'N MB loaded' per load line."""
-    return [found.group(1) for line in item["loads"] for found in [re.search(r"([\d.]+) MB loaded", line)] if found]
+    return megabytes(item["loads"], "loaded")
 
 
 def main():

@@ -231,7 +231,7 @@ def loaded_in_part(patcher) -> bool:
 
 def diffusion_root(patcher):
     """The module whose forward is one sampling step."""
-    return patcher.model.diffusion_model if hasattr(patcher.model, "diffusion_model") else patcher.model
+    return patcher.model.diffusion_model if sampled_in_steps(patcher) else patcher.model
 
 
 def module_to_target(args, kwargs):
@@ -506,20 +506,34 @@ def loaded_dynamic_patchers():
     return [p for p in loaded_patchers() if is_dynamic(p)]
 
 
-def checkpoint_slices(patcher) -> list[tuple[int, int, int]]:
+STAGING_SUBSETS = ("weights", "weights-loaded")  # ComfyUI's pin subsets that hold a module's weights
+
+
+def staged(module) -> bool:
+    """ComfyUI's staging holds a copy of this module's weights in its host buffer (registered or
+    not): its forward reads that copy, not the file."""
+    pins = vars(module).get("_pins") or {}
+    return any((pins.get(subset) or {}).get("pin") is not None for subset in STAGING_SUBSETS)
+
+
+def checkpoint_slices(patcher, unstaged_only: bool = False) -> list[tuple[int, int, int]]:
     """(fd, file offset, bytes) of every weight of this model that lives in a checkpoint
-    mapping, from the file-slice record ComfyUI keeps on each storage. Views of one storage
-    count once."""
+    mapping, from the file-slice record ComfyUI keeps on each storage; with `unstaged_only`,
+    only of modules whose weights ComfyUI's staging does not hold. Views of one storage count
+    once."""
     seen, slices = set(), []
-    for tensor in list(patcher.model.parameters()) + list(patcher.model.buffers()):
-        storage = tensor.untyped_storage()
-        info = getattr(storage, "_comfy_tensor_file_slice", None)
-        if info is None or storage.data_ptr() in seen:
+    for module in patcher.model.modules():
+        if unstaged_only and staged(module):
             continue
-        seen.add(storage.data_ptr())
-        fd, offset, size = getattr(info, "file_ref", None), getattr(info, "offset", None), getattr(info, "size", None)
-        if isinstance(fd, int) and isinstance(offset, int) and isinstance(size, int) and size > 0:
-            slices.append((fd, offset, size))
+        for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
+            storage = tensor.untyped_storage()
+            info = getattr(storage, "_comfy_tensor_file_slice", None)
+            if info is None or storage.data_ptr() in seen:
+                continue
+            seen.add(storage.data_ptr())
+            fd, offset, size = getattr(info, "file_ref", None), getattr(info, "offset", None), getattr(info, "size", None)
+            if isinstance(fd, int) and isinstance(offset, int) and isinstance(size, int) and size > 0:
+                slices.append((fd, offset, size))
     return slices
 
 

@@ -11,10 +11,12 @@ host buffer ("staging") and copies them to the GPU (comfy.py has the details). V
    while a lower-priority model still has staging to give (`refuses`), and a model with a
    positive priority stays among "the current prompt's" models, which ComfyUI evicts last. A
    node's budget_gib also bounds the model's staging RAM (given back at its next event).
-2. Residency. The checkpoint pages of a pinned model's weights stay in RAM: Viking maps the same
-   file ranges shared and read-only (backend/file_view.rs) and locks them within the budget.
-   Memory pressure can no longer evict them, so a run after pressure reads from RAM, not disk.
-   (Never aimdo's own mapping: a private read-only file mapping registered with CUDA hung.)
+2. Residency. The checkpoint pages of the weights a pinned model's forward reads from the file
+   (those ComfyUI's staging does not hold; the rest it reads from its own pinned copy) stay in
+   RAM: Viking maps those file ranges shared and read-only (backend/file_view.rs) and locks them
+   within the budget, from the model's first sampling on. Memory pressure can no longer evict
+   them, so a run after pressure reads from RAM, not disk. (Never aimdo's own mapping: a private
+   read-only file mapping registered with CUDA hung.)
 3. In place: not shipped. ComfyUI's staging never reads the mapping (it preads the file into
    its buffer); making it read Viking's registered pages would mean writing its private
    per-module pin slots. README.md says what was measured and why.
@@ -97,20 +99,25 @@ def after_event(patcher, record):
 
 
 def file_ranges(patcher, record) -> list[tuple[int, int, object]]:
-    """(address, bytes, keepalive) of the model's checkpoint pages through Viking's own shared
-    read-only views (one per file, covering the model's slices of it), for the native pins.
-    A file that cannot be mapped (shorter than ComfyUI's slices: replaced or truncated on disk)
-    gets a note and no residency."""
+    """(address, bytes, keepalive) of the checkpoint pages of the model's weights that ComfyUI's
+    staging does not hold (what a forward reads from the file), through Viking's own shared
+    read-only views (one per file, spanning those slices), for the native pins. Nothing before
+    the model has sampled once: until then staging is not decided, and pinning the whole file
+    would hold the model twice while ComfyUI stages it. A file that cannot be mapped (shorter
+    than ComfyUI's slices: replaced or truncated on disk) gets a note and no residency."""
     page = 4096
     by_file: dict[int, list[tuple[int, int]]] = {}
-    for fd, offset, size in comfy.checkpoint_slices(patcher):
-        by_file.setdefault(fd, []).append((offset, size))
+    if record.sampled:
+        for fd, offset, size in comfy.checkpoint_slices(patcher, unstaged_only=True):
+            by_file.setdefault(fd, []).append((offset, size))
+    # A view no longer needed goes (the native ledger keeps it mapped until its pins are released).
+    record.file_views = {fd: view for fd, view in record.file_views.items() if fd in by_file}
     ranges = []
     for fd, slices in by_file.items():
         start = min(offset for offset, _ in slices) // page * page
         end = max(offset + size for offset, size in slices)
         view = record.file_views.get(fd)
-        if view is None or view[1] != start or view[0].len < end - start:
+        if view is None or view[1] != start or view[0].len != end - start:
             try:
                 view = (native.map_file(fd, start, end - start), start)
             except ValueError as error:
@@ -118,6 +125,7 @@ def file_ranges(patcher, record) -> list[tuple[int, int, object]]:
                 if note not in record.notes:
                     record.notes.append(note)
                     log.warning("Viking Engine: %s", note)
+                record.file_views.pop(fd, None)
                 continue
             record.file_views[fd] = view
         mapping, base = view

@@ -85,7 +85,8 @@ def reconcile(patcher) -> dict | None:
             record.last_report = {"owner": record.owner, "pinned_bytes": 0, "wanted_bytes": 0, "standing_aside": problem}
             return record.last_report
         # Weights stay in ComfyUI's mapping and stream through its own staging: no home, no
-        # prefetch; Viking pins the mapped checkpoint pages in place (dynamic.py). ComfyUI fires
+        # prefetch; Viking pins in place the checkpoint pages staging does not hold (dynamic.py),
+        # from the first sampling on (ON_PRE_RUN sets record.sampled). ComfyUI fires
         # several events per prompt that move nothing here: the pins are reconciled only when
         # the model's mapped weights changed (measured on an H200: reconciling, with the status
         # figures, at every event cost up to 0.2 s a prompt).
@@ -191,6 +192,7 @@ def _on_pre_run(patcher, *_args):
             gate.on_execution_thread()
             record = record_of(patcher)
             if record is not None:
+                record.sampled = True
                 _note_hooks(record, patcher)
     except Exception as error:  # noqa: BLE001
         log.warning("Viking Engine: sampling-start check failed: %s", error)
@@ -300,6 +302,10 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status
     what only the Python side knows per model (VRAM, home, prefetch, notes, last report), which
     ComfyUI this is, ComfyUI's own pins and the changes waiting for the execution thread."""
     snapshot = json.loads(require().status_json(probe_cuda=probe_cuda, mark_run=mark_run))
+    listed = {entry["owner"] for entry in snapshot["owners"]}
+    # A model with nothing pinned (Viking stands aside for it, or its budget holds nothing yet)
+    # is still a model Viking looks after: the status lists it with its reason.
+    snapshot["owners"] += [_unpinned_entry(record) for record in models.all_records() if record.owner not in listed]
     for entry in snapshot["owners"]:
         record = models.get(entry["owner"])
         usage = vram_cap.usage(record) if record is not None else None
@@ -320,3 +326,11 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status
     snapshot["deferred_changes"] = gate.deferred()
     snapshot["applied_changes"] = gate.applied()
     return snapshot
+
+
+def _unpinned_entry(record: ModelRecord) -> dict:
+    """The native status's fields for a model that holds no pins."""
+    settings = record.settings
+    return {"owner": record.owner, "label": settings.label, "priority": settings.priority, "wanted_bytes": 0,
+            "pinned_bytes": 0, "regions": 0, "by_backend": {}, "skipped": [], "resident_bytes": None,
+            "swapped_bytes": None, "pinned_swapped_bytes": None}

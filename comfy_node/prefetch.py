@@ -255,11 +255,7 @@ def update(patcher, record, enabled: bool, window_bytes: int = 0) -> dict | None
     and only if that much is free. Returns a summary for the status."""
     current = record.prefetcher
     device = comfy.load_device(patcher)
-    # Only a sampled model that ComfyUI loaded in part: its forward is one step, run again and
-    # again, so copies queued ahead are used. A text encoder or a VAE runs once per use; copies
-    # queued for a "next step" would sit in VRAM while the next model loads, and ComfyUI would
-    # find less free than it does alone (seen on an H200: with a prefetcher on the text encoder,
-    # ComfyUI split the next models differently and a LoRA image changed).
+    # Only a sampled model that ComfyUI loaded in part (the module docstring says why).
     streams = (enabled and getattr(device, "type", None) == "cuda" and comfy.sampled_in_steps(patcher)
                and comfy.loaded_in_part(patcher))
     modules = comfy.streamed_modules(comfy.torch_model(patcher)) if streams else []

@@ -14,6 +14,7 @@
 #   servers375  a real ComfyUI 0.3.75 server on the GPU (tests/test_gpu_server.py); servers033 0.33
 #   home cap perf   the benches whose figures the README quotes, re-measured at this commit
 #   dynamic     ComfyUI 0.33's dynamic VRAM mode alone and with Viking (bench/gpu_dynamic.py)
+#   fastdisk    the same with ComfyUI's --fast-disk (steps read the file's pages), engine mode too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -88,6 +89,11 @@ part_dynamic() {
         --modes dynamic,dynamic_nodes,static_nodes 2>&1 | tail -30
 }
 
+part_fastdisk() {
+    python3 bench/gpu_dynamic.py "$OUT/gpu_dynamic_fastdisk.json" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" \
+        --modes dynamic_fastdisk,dynamic_fastdisk_nodes,dynamic_fastdisk_engine 2>&1 | tail -30
+}
+
 case "${1:-}" in
     carry) carry ;;
     install)
@@ -97,5 +103,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|home|cap|perf|dynamic]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|home|cap|perf|dynamic|fastdisk]..." >&2; exit 2 ;;
 esac

@@ -92,13 +92,16 @@ def views_of(path):
 # --- residency --------------------------------------------------------------------------------
 path = checkpoint("resident.safetensors")
 patcher = mapped_model(path)
-lifecycle.attach(patcher, lifecycle.PinSettings(label="dynamic residency", backend="os-lock", headroom_gib=0.0))
+before = locked_bytes()
+first = lifecycle.attach(patcher, lifecycle.PinSettings(label="dynamic residency", backend="os-lock", headroom_gib=0.0))
 record = lifecycle.record_of(patcher)
 weights_bytes = sum(n for _, n in seam.mapped_storage_spans(patcher))
 checks["the model's weights live in aimdo's mapping"] = len(seam.checkpoint_slices(patcher)) == 8 and weights_bytes == 64 * MIB
+checks["before the first sampling: no residency (ComfyUI's staging not decided yet)"] = (
+    first["pinned_bytes"] == 0 and dynamic.file_ranges(patcher, record) == [] and locked_bytes() - before < MIB)
 for tensor in patcher.model.parameters():
     tensor.sum()  # read once: in the page cache
-before = locked_bytes()
+lifecycle._on_pre_run(patcher)  # ComfyUI's ON_PRE_RUN callback: the model samples
 ranges = dynamic.file_ranges(patcher, record)
 report = json.loads(native.reconcile(record.owner, ranges, backend="auto", label="dynamic residency"))
 checks["residency: every weight's file pages pinned"] = report["pinned_bytes"] == report["wanted_bytes"] == weights_bytes
@@ -109,6 +112,30 @@ checks["residency: the pages stay in RAM under pressure"] = resident_share(patch
 status = lifecycle.status()
 entry = next(o for o in status["owners"] if o["owner"] == record.owner)
 checks["residency: the status sees them resident"] = entry["resident_bytes"] == weights_bytes
+# Staging: a module ComfyUI stages reads its pinned copy, not the file, so its file pages get no
+# residency. (A stand-in for ComfyUI's per-module pin record, `module._pins[subset]["pin"]`:
+# making real ones needs cudaHostRegister; the GPU bench shows the real staging.)
+linears = list(patcher.model)
+for module in linears[:5]:
+    module._pins = {"weights": {"pin": torch.empty(0), "registered": True}}
+staged_bytes = sum(m.weight.nbytes for m in linears[:5])
+staged_ranges = dynamic.file_ranges(patcher, record)
+staged_report = json.loads(native.reconcile(record.owner, staged_ranges, backend="auto", label="dynamic residency"))
+del staged_ranges, ranges  # the views they keep alive: only the native ledger holds them now
+checks["staging: modules ComfyUI stages get no residency, the others keep theirs"] = (
+    staged_report["pinned_bytes"] == staged_report["wanted_bytes"] == weights_bytes - staged_bytes)
+checks["staging: the locks follow (the staged modules' pages unlocked)"] = abs(locked_bytes() - before - (weights_bytes - staged_bytes)) < MIB
+for module in linears:
+    module._pins = {"weights": {"pin": torch.empty(0), "registered": True}}
+all_staged = dynamic.file_ranges(patcher, record)
+all_report = json.loads(native.reconcile(record.owner, all_staged, backend="auto", label="dynamic residency"))
+gc.collect()
+checks["staging holds the whole model: Viking holds nothing, its view gone"] = (
+    all_report["pinned_bytes"] == 0 and not record.file_views and views_of(path) == 1)
+for module in linears:
+    del module._pins
+ranges = dynamic.file_ranges(patcher, record)
+native.reconcile(record.owner, ranges, backend="auto", label="dynamic residency")
 native.release(record.owner)
 record.file_views.clear()  # as forget does: Viking's view gone (a mapped page cannot be dropped)
 gc.collect()
@@ -121,6 +148,7 @@ short_path = checkpoint("truncated.safetensors")
 short = mapped_model(short_path)
 lifecycle.attach(short, lifecycle.PinSettings(label="truncated", backend="os-lock", headroom_gib=0.0))
 short_record = lifecycle.record_of(short)
+lifecycle._on_pre_run(short)
 os.truncate(short_path, os.path.getsize(short_path) // 2)
 short_ranges = dynamic.file_ranges(short, short_record)
 checks["truncated file: no ranges, no view"] = short_ranges == [] and not short_record.file_views
@@ -134,6 +162,7 @@ small = mapped_model(checkpoint("small_budget.safetensors"))
 lifecycle.attach(small, lifecycle.PinSettings(label="small budget", backend="os-lock", headroom_gib=0.0,
                                               model_limit_gib=1 / 1024))
 small_record = lifecycle.record_of(small)
+lifecycle._on_pre_run(small)
 small_report = json.loads(native.reconcile(small_record.owner, dynamic.file_ranges(small, small_record), backend="os-lock",
                                            label="small budget", model_limit_gib=1 / 1024))
 small_text = nodes._pin_text(small_report, [], 1 << 20)
@@ -161,6 +190,9 @@ checks["other dynamic internals: Viking stands aside, saying why, pinning nothin
     "stands aside in dynamic VRAM mode" in (other_report.get("standing_aside") or "") and other_report["pinned_bytes"] == 0
     and not any(o["owner"] == other_owner for o in json.loads(native.status_json())["owners"]))
 checks["other dynamic internals: the node shows the reason"] = nodes._pin_text(other_report, []) == other_report["standing_aside"]
+other_entry = next((o for o in lifecycle.status()["owners"] if o["owner"] == other_owner), {})
+checks["other dynamic internals: the status lists the model, with the reason"] = (
+    other_entry.get("standing_aside") == other_report["standing_aside"] and other_entry.get("pinned_bytes") == 0)
 lifecycle.forget(lifecycle.owner_of(other))
 
 # --- budget hand-over -------------------------------------------------------------------------

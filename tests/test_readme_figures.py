@@ -34,6 +34,7 @@ SOURCES = {
     "gpu_server_0_3_75.json": NATIVE + SERVER + ["bench/gpu_server.py"],
     "gpu_server_0_33.json": NATIVE + SERVER + ["bench/gpu_server.py"],
     "gpu_dynamic.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
+    "gpu_dynamic_fastdisk.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
     "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
