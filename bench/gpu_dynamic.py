@@ -11,12 +11,13 @@ the loader and the sampler), dynamic_engine (VIKING_ENGINE_MODE=1, no node), sta
 ComfyUI's --fast-disk (weights with a VRAM slot stream from the file mapping each time instead
 of a pinned staging copy: the case where the file's pages are what a step reads, and what
 residency keeps), compared with dynamic_fastdisk alone. Per server: the first prompt from a
-cold start (the file's pages dropped from the page cache first), two warm prompts, then memory
+cold start (the file's pages dropped from the page cache first), five warm prompts, then memory
 pressure (the file's page cache dropped with posix_fadvise(DONTNEED), the server's mappings
 of it paged out with process_madvise(MADV_PAGEOUT)) and one more prompt. Recorded: seconds per
 prompt, peak RSS (VmHWM), PSS after each prompt (a page mapped twice, by aimdo and by Viking's
 view, counts once there; RSS counts it twice), Viking's and ComfyUI's pinned bytes, ComfyUI's
-pin ceiling, the latent's hash (bit-identity across modes).
+pin ceiling, the bytes read from storage per prompt (/proc/PID/io: what a slower disk would
+make slower), the latent's hash (bit-identity across modes).
 
 usage: python bench/gpu_dynamic.py OUT.json [--depth 19] [--free-gib 16] [--steps 4] [--size 1024]
 (run by ComfyUI 0.33's Python; writes the model file once under .comfy/cache)
@@ -43,6 +44,7 @@ out_path = sys.argv[1]
 depth, free_gib, steps, size = arg("--depth", 19, int), arg("--free-gib", 16.0), arg("--steps", 4, int), arg("--size", 1024, int)
 modes = arg("--modes", "dynamic,dynamic_nodes,dynamic_engine,static_nodes", str).split(",")
 MODEL = f"flux_shaped_d{depth}.safetensors"
+WARM_PROMPTS = 5  # the warm figure is their median
 libc = ctypes.CDLL(None, use_errno=True)
 results = Results(out_path, bench="gpu_dynamic", date=time.strftime("%Y-%m-%d"), depth=depth, free_gib=free_gib,
                   steps=steps, size=size, modes={})
@@ -153,6 +155,14 @@ def pss_bytes(pid: int) -> int | None:
     return None
 
 
+def storage_read_bytes(pid: int) -> int:
+    """Bytes the process has had read from storage (page-cache misses), /proc/PID/io."""
+    for line in open(f"/proc/{pid}/io"):
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
 def run_mode(mode: str, path: Path) -> dict:
     base = Path(tempfile.mkdtemp(prefix=f"gpu_dynamic_{mode}_"))
     with_viking = mode != alone_mode(mode)
@@ -174,12 +184,14 @@ def run_mode(mode: str, path: Path) -> dict:
     row = dict(prompts=[])
     drop_file_cache(path)
     with ComfyServer(base, extra, cpu=False, version="0.33", env=env, start_timeout=300) as server:
-        for index, stage in enumerate(("cold start", "warm", "warm", "after pressure")):
+        for index, stage in enumerate(("cold start",) + ("warm",) * WARM_PROMPTS + ("after pressure",)):
             if stage == "after pressure":
                 row["paged_out_bytes"] = page_out_file(server.pid, path)
                 drop_file_cache(path)
+            read_before = storage_read_bytes(server.pid)
             entry = server.run_prompt(graph(viking_node, seed=index), timeout=900)
-            prompt = dict(stage=stage, seconds=run_seconds(entry), latent=latent_hash(server, entry), pss_bytes=pss_bytes(server.pid))
+            prompt = dict(stage=stage, seconds=run_seconds(entry), latent=latent_hash(server, entry), pss_bytes=pss_bytes(server.pid),
+                          storage_read_bytes=storage_read_bytes(server.pid) - read_before)
             if with_viking:
                 status = server.get("/viking/status")
                 model = next((o for o in status["owners"] if "Flux" in o["label"] or o["label"].startswith("MODEL")), {})
@@ -220,8 +232,13 @@ for mode, row in rows.items():
     alone = rows.get(alone_mode(mode))
     if alone is None or mode == alone_mode(mode):
         continue
-    ratios = {p["stage"] + (f" {i}" if p["stage"] == "warm" else ""): round(p["seconds"] / a["seconds"], 3)
-              for i, (p, a) in enumerate(zip(row["prompts"], alone["prompts"])) if p["seconds"] and a["seconds"]}
+    def stage_seconds(r):
+        by_stage = {}
+        for p in r["prompts"]:
+            by_stage.setdefault(p["stage"], []).append(p["seconds"])
+        return {stage: sorted(values)[len(values) // 2] for stage, values in by_stage.items()}  # warm: the median
+    mine, theirs = stage_seconds(row), stage_seconds(alone)
+    ratios = {stage: round(mine[stage] / theirs[stage], 3) for stage in mine if mine[stage] and theirs.get(stage)}
     peak_pss = max(p["pss_bytes"] or 0 for p in row["prompts"]) / max(p["pss_bytes"] or 1 for p in alone["prompts"])
     summary[mode] = dict(compared_with=alone_mode(mode), seconds_over_alone=ratios,
                          peak_rss_over_alone=round(row["peak_rss_bytes"] / alone["peak_rss_bytes"], 3),

@@ -9,7 +9,8 @@ host buffer ("staging") and copies them to the GPU (comfy.py has the details). V
    Viking holds itself, updated while the server runs (`govern`). Pinned models of higher
    priority keep their staging first: ComfyUI's per-model eviction calls are refused for them
    while a lower-priority model still has staging to give (`refuses`), and a model with a
-   positive priority stays among "the current prompt's" models, which ComfyUI evicts last. A
+   positive priority is marked one of "the current prompt's" models at each of its events
+   (ComfyUI evicts those last; Viking never clears ComfyUI's own mark). A
    node's budget_gib also bounds the model's staging RAM (given back at its next event).
 2. Residency. The checkpoint pages of the weights a pinned model's forward reads from the file
    (those ComfyUI's staging does not hold; the rest it reads from its own pinned copy) stay in
@@ -89,7 +90,8 @@ def attach(patcher, record):
 def after_event(patcher, record):
     """On the execution thread after a ComfyUI event: the priority flag, the model's own limit
     on its staging RAM, and the ceiling."""
-    comfy.keep_in_current_prompt(patcher, record.settings.priority > 0)
+    if record.settings.priority > 0:
+        comfy.keep_in_current_prompt(patcher)
     limit = int(record.settings.model_limit_gib * (1 << 30))
     if limit:
         staged, _ = comfy.staged_bytes(patcher)

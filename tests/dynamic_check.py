@@ -195,6 +195,49 @@ checks["other dynamic internals: the status lists the model, with the reason"] =
     other_entry.get("standing_aside") == other_report["standing_aside"] and other_entry.get("pinned_bytes") == 0)
 lifecycle.forget(lifecycle.owner_of(other))
 
+# --- ComfyUI's own "current prompt" mark ------------------------------------------------------
+# ComfyUI's prompt tracker marks the models a prompt uses; it evicts the staging of unmarked
+# models first. Viking's events may add the mark (a positive priority), never clear it.
+
+
+class StagingPatcher(comfy.model_patcher.ModelPatcher):
+    """The per-model staging calls of 0.33's dynamic patcher, over a dict (making a real one
+    needs a CUDA device): what Viking reads and sets of it."""
+    def is_dynamic(self):
+        return True
+
+    def set_in_use_by_current_prompt(self, in_use):
+        self.current_prompt = in_use
+
+    def loaded_ram_size(self):
+        return 0
+
+    pinned_memory_size = loaded_ram_size
+
+    def partially_unload_ram(self, ram_to_unload, subsets=None):
+        return 0
+
+    unregister_inactive_pins = partially_unload_ram
+
+
+marked = {}
+for priority in (0, 5):
+    staging = StagingPatcher(torch.nn.Sequential(torch.nn.Linear(8, 8)), load_device=torch.device("cpu"),
+                             offload_device=torch.device("cpu"))
+    staging.current_prompt = False
+    lifecycle.attach(staging, lifecycle.PinSettings(label=f"mark {priority}", backend="os-lock", headroom_gib=0.0,
+                                                    priority=priority))
+    tracker = comfy.model_patcher.PromptModelTracker()
+    tracker.add(staging)  # the prompt uses it: ComfyUI marks it
+    lifecycle.reconcile(staging)  # a Viking event during the prompt
+    during = staging.current_prompt
+    tracker.end()  # the prompt ends: ComfyUI clears its mark
+    lifecycle.reconcile(staging)
+    marked[priority] = (during, staging.current_prompt)
+    lifecycle.forget(lifecycle.owner_of(staging))
+checks[f"current-prompt mark: Viking keeps ComfyUI's mark during a prompt, priority 0 and 5 {marked}"] = (
+    marked[0] == (True, False) and marked[5] == (True, True))
+
 # --- budget hand-over -------------------------------------------------------------------------
 comfy.memory_management.aimdo_enabled = True  # as main.py sets it when dynamic VRAM starts
 mm.MAX_PINNED_MEMORY = 8 << 30  # as on an NVIDIA machine (-1 under --cpu)
