@@ -475,11 +475,10 @@ def drop_staging(patcher, nbytes: int) -> int:
     return int(patcher.partially_unload_ram(nbytes))
 
 
-def keep_in_current_prompt(patcher):
-    """ComfyUI evicts the staging of models not in the current prompt first; this marks a model
-    as one of the current prompt's (ComfyUI's own tracker clears the mark when a prompt ends).
-    Never the other way: clearing it would hand ComfyUI's current model to eviction first."""
-    patcher.set_in_use_by_current_prompt(True)
+def keep_in_current_prompt(patcher, keep: bool):
+    """ComfyUI evicts the staging of models not in the current prompt first; this flag keeps a
+    model among those of the current prompt until cleared."""
+    patcher.set_in_use_by_current_prompt(keep)
 
 
 EVICTION_BELOW = 1e30  # ComfyUI's own full releases (unload, cleanup) pass 1e30 or more

@@ -90,8 +90,8 @@ def attach(patcher, record):
 def after_event(patcher, record):
     """On the execution thread after a ComfyUI event: the priority flag, the model's own limit
     on its staging RAM, and the ceiling."""
-    if record.settings.priority > 0:
-        comfy.keep_in_current_prompt(patcher)
+    if record.settings.priority > 0:  # only ever set: clearing ComfyUI's own mark would hand its
+        comfy.keep_in_current_prompt(patcher, True)  # current model's staging to eviction first
     limit = int(record.settings.model_limit_gib * (1 << 30))
     if limit:
         staged, _ = comfy.staged_bytes(patcher)

@@ -98,11 +98,7 @@ def reconcile(patcher) -> dict | None:
         signature = (gate.pressure_releases,) + tuple((r[0], r[1]) for r in ranges)
         complete = record.last_report is not None and record.last_report.get("pinned_bytes") == record.last_report.get("wanted_bytes")
         if not complete or signature != record.dynamic_signature:
-            # A page lock, not a CUDA registration, on "auto": ComfyUI's copies read aimdo's
-            # mapping (other addresses), so a registration of Viking's view would speed up no
-            # copy, and its GPU page tables (about 2 MiB per GiB) take VRAM that aimdo shares out.
-            backend = "os-lock" if record.settings.backend == "auto" else record.settings.backend
-            record.last_report = _reconcile_ranges(native, patcher, record, ranges, backend=backend)
+            record.last_report = _reconcile_ranges(native, patcher, record, ranges)
             record.dynamic_signature = signature
         dynamic.after_event(patcher, record)
         record.last_report["notes"] = list(record.notes)
@@ -139,7 +135,7 @@ def _note_hooks(record: ModelRecord, patcher):
     _drop_streaming(record)
 
 
-def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), backend: str | None = None) -> dict:
+def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=()) -> dict:
     settings = record.settings
     ranges, pinned_elsewhere = cpu_storage_ranges(host_weights(patcher))
     ranges += list(extra_ranges)
@@ -147,7 +143,7 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), bac
     return json.loads(native.reconcile(
         record.owner, ranges,
         priority=settings.priority,
-        backend=backend or settings.backend,
+        backend=settings.backend,
         label=settings.label,
         model_limit_gib=settings.model_limit_gib,
         foreign=pinned_elsewhere + comfy_ranges,
