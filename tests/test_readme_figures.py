@@ -161,18 +161,41 @@ def servers():
     return out
 
 
+def dynamic_rows(name):
+    """Per mode of a gpu_dynamic bench: cold, warm (median), after-pressure seconds, bytes read
+    from storage after pressure, peak RSS, largest PSS, Viking's pins at the last prompt."""
+    rows = {}
+    for mode, r in load(name)["modes"].items():
+        prompts = r["prompts"]
+        warm = sorted(p["seconds"] for p in prompts if p["stage"] == "warm")
+        rows[mode] = dict(cold=prompts[0]["seconds"], warm=warm[len(warm) // 2], pressure=prompts[-1]["seconds"],
+                          read=prompts[-1]["storage_read_bytes"], rss=r["peak_rss_bytes"],
+                          pss=max(p["pss_bytes"] for p in prompts), pinned=prompts[-1].get("viking_pinned_bytes"))
+    return rows
+
+
+def dynamic_table(name, alone, others):
+    rows = dynamic_rows(name)
+    a = rows[alone]
+
+    def cells(key, text):
+        return " | ".join(f"{text(rows[m][key])} ({f(rows[m][key] / a[key], 2)}x)" for m in others)
+    mb = lambda n: f"{n / 1e6:.0f} MB"  # noqa: E731
+    return [f"| {f(a['cold'], 2)} s | {cells('cold', lambda v: f(v, 2) + ' s')} |",
+            f"| {f(a['warm'], 3)} s | {cells('warm', lambda v: f(v, 3) + ' s')} |",
+            f"| {f(a['pressure'], 3)} s | {cells('pressure', lambda v: f(v, 3) + ' s')} |",
+            f"| {mb(a['read'])} | " + " | ".join(mb(rows[m]["read"]) for m in others) + " |",
+            f"| {f(a['rss'] / 1e9, 1)} GB | {cells('rss', lambda v: f(v / 1e9, 1) + ' GB')} |",
+            f"| {f(a['pss'] / 1e9, 1)} GB | {cells('pss', lambda v: f(v / 1e9, 1) + ' GB')} |",
+            "| - | " + " | ".join(f"{rows[m]['pinned'] / 1e9:.1f} GB" for m in others) + " |"]
+
+
 def dynamic():
-    d = load("gpu_dynamic.json")
-    seconds = {m: [p["seconds"] for p in r["prompts"]] for m, r in d["modes"].items()}
-    rss = {m: r["peak_rss_bytes"] / 1e9 for m, r in d["modes"].items()}
-    alone, nodes, static = seconds["dynamic"], seconds["dynamic_nodes"], seconds["static_nodes"]
-    return [
-        f"| {f(alone[0], 2)} s | {f(nodes[0], 2)} s | {f(nodes[0] / alone[0], 2)}x | {f(static[0], 2)} s ({f(static[0] / alone[0], 2)}x) |",
-        f"| {f(alone[1], 3)} / {f(alone[2], 3)} s | {f(nodes[1], 3)} / {f(nodes[2], 3)} s",
-        f"| {f(alone[3], 3)} s | {f(nodes[3], 3)} s | {f(nodes[3] / alone[3], 2)}x | {f(static[3], 3)} s ({f(static[3] / alone[3], 2)}x) |",
-        f"| {f(rss['dynamic'], 1)} GB | {f(rss['dynamic_nodes'], 1)} GB | {f(rss['dynamic_nodes'] / rss['dynamic'], 2)}x "
-        f"| {f(rss['static_nodes'], 1)} GB ({f(rss['static_nodes'] / rss['dynamic'], 2)}x) |",
-    ]
+    return dynamic_table("gpu_dynamic.json", "dynamic", ["dynamic_nodes", "static_nodes"])
+
+
+def dynamic_fastdisk():
+    return dynamic_table("gpu_dynamic_fastdisk.json", "dynamic_fastdisk", ["dynamic_fastdisk_nodes", "dynamic_fastdisk_engine"])
 
 
 def swap():
@@ -196,7 +219,8 @@ def plan():
 
 
 FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,
-           "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "plan.json": plan,
+           "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "gpu_dynamic_fastdisk.json": dynamic_fastdisk,
+           "plan.json": plan,
            "swap_cpu.json": swap}
 
 
