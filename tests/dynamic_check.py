@@ -41,6 +41,7 @@ import comfy.model_patcher  # noqa: E402
 import comfy.utils  # noqa: E402
 
 from comfy_node import comfy as seam, dynamic, lifecycle, models, nodes  # noqa: E402
+from staging_patcher import StagingPatcher  # noqa: E402
 from comfy_node.native import require  # noqa: E402
 
 native = require()
@@ -198,26 +199,6 @@ lifecycle.forget(lifecycle.owner_of(other))
 # --- ComfyUI's own "current prompt" mark ------------------------------------------------------
 # ComfyUI's prompt tracker marks the models a prompt uses; it evicts the staging of unmarked
 # models first. Viking's events may add the mark (a positive priority), never clear it.
-
-
-class StagingPatcher(comfy.model_patcher.ModelPatcher):
-    """The per-model staging calls of 0.33's dynamic patcher, over a dict (making a real one
-    needs a CUDA device): what Viking reads and sets of it."""
-    def is_dynamic(self):
-        return True
-
-    def set_in_use_by_current_prompt(self, in_use):
-        self.current_prompt = in_use
-
-    def loaded_ram_size(self):
-        return 0
-
-    pinned_memory_size = loaded_ram_size
-
-    def partially_unload_ram(self, ram_to_unload, subsets=None):
-        return 0
-
-    unregister_inactive_pins = partially_unload_ram
 
 
 marked = {}
