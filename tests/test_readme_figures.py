@@ -40,6 +40,7 @@ SOURCES = {
     "gpu_dynamic.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_dynamic_fastdisk.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
+    "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/staging_patcher.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
     "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
     "plan.json": ["src/plan.rs", "src/spans.rs", "benches/plan.rs"],
@@ -214,13 +215,19 @@ def swap():
     return out
 
 
+def event_cost():
+    d = load("event_cost_cpu.json")
+    return [f"{f(d['reconcile_ms_all_staged'], 1)} ms with ComfyUI's staging holding every module, "
+            f"{f(d['reconcile_ms_none_staged'], 1)} ms with residency for all {d['weights']} weights"]
+
+
 def plan():
     return [f"{f(load('plan.json')['median_ms'], 1)} ms median"]
 
 
 FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,
            "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "gpu_dynamic_fastdisk.json": dynamic_fastdisk,
-           "plan.json": plan,
+           "event_cost_cpu.json": event_cost, "plan.json": plan,
            "swap_cpu.json": swap}
 
 
