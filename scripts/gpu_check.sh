@@ -84,15 +84,12 @@ part_perf() {
     python3 bench/gpu_perf.py .comfy/ComfyUI "$OUT/gpu_perf.json" --depth 19 --vram-gib 12 --reps 3 2>&1 | tail -40
 }
 
-part_dynamic() {
-    python3 bench/gpu_dynamic.py "$OUT/gpu_dynamic.json" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" \
-        --modes dynamic,dynamic_nodes,static_nodes 2>&1 | tail -30
+dynamic_bench() {  # RESULT_FILE MODES
+    python3 bench/gpu_dynamic.py "$OUT/$1" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" --modes "$2" 2>&1 | tail -30
 }
 
-part_fastdisk() {
-    python3 bench/gpu_dynamic.py "$OUT/gpu_dynamic_fastdisk.json" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" \
-        --modes dynamic_fastdisk,dynamic_fastdisk_nodes,dynamic_fastdisk_engine 2>&1 | tail -30
-}
+part_dynamic() { dynamic_bench gpu_dynamic.json dynamic,dynamic_nodes,static_nodes; }
+part_fastdisk() { dynamic_bench gpu_dynamic_fastdisk.json dynamic_fastdisk,dynamic_fastdisk_nodes,dynamic_fastdisk_engine; }
 
 case "${1:-}" in
     carry) carry ;;

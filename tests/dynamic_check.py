@@ -38,10 +38,9 @@ comfy_aimdo.control.init()
 import comfy.memory_management  # noqa: E402
 import comfy.model_management as mm  # noqa: E402
 import comfy.model_patcher  # noqa: E402
-import comfy.utils  # noqa: E402
 
 from comfy_node import comfy as seam, dynamic, lifecycle, models, nodes  # noqa: E402
-from staging_patcher import StagingPatcher  # noqa: E402
+from dynamic_cpu import StagingPatcher, enter_dynamic_mode, mapped_model, stage, unstage  # noqa: E402
 from comfy_node.native import require  # noqa: E402
 
 native = require()
@@ -62,14 +61,6 @@ def checkpoint(name, tensors=8, mib=8):
     state = {f"{i}.weight": torch.randn(mib * MIB // 4 // 512, 512, generator=g) for i in range(tensors)}
     safetensors.torch.save_file(state, path)
     return path
-
-
-def mapped_model(path):
-    """A model whose weights are aimdo's mapped tensors (what dynamic mode's loaders make)."""
-    state, _ = comfy.utils.load_safetensors(path)
-    net = torch.nn.Sequential(*[torch.nn.Linear(512, state[f"{i}.weight"].shape[0], bias=False) for i in range(len(state))])
-    net.load_state_dict({k.replace(".weight", ".weight"): v for k, v in state.items()}, assign=True)
-    return comfy.model_patcher.ModelPatcher(net, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
 
 
 def resident_share(patcher):
@@ -114,11 +105,11 @@ status = lifecycle.status()
 entry = next(o for o in status["owners"] if o["owner"] == record.owner)
 checks["residency: the status sees them resident"] = entry["resident_bytes"] == weights_bytes
 # Staging: a module ComfyUI stages reads its pinned copy, not the file, so its file pages get no
-# residency. (A stand-in for ComfyUI's per-module pin record, `module._pins[subset]["pin"]`:
-# making real ones needs cudaHostRegister; the GPU bench shows the real staging.)
+# residency. (dynamic_cpu.stage is a stand-in for ComfyUI's per-module pin record: making real
+# ones needs cudaHostRegister; the GPU bench shows the real staging.)
 linears = list(patcher.model)
 for module in linears[:5]:
-    module._pins = {"weights": {"pin": torch.empty(0), "registered": True}}
+    stage(module)
 staged_bytes = sum(m.weight.nbytes for m in linears[:5])
 staged_ranges = dynamic.file_ranges(patcher, record)
 staged_report = json.loads(native.reconcile(record.owner, staged_ranges, backend="auto", label="dynamic residency"))
@@ -127,14 +118,14 @@ checks["staging: modules ComfyUI stages get no residency, the others keep theirs
     staged_report["pinned_bytes"] == staged_report["wanted_bytes"] == weights_bytes - staged_bytes)
 checks["staging: the locks follow (the staged modules' pages unlocked)"] = abs(locked_bytes() - before - (weights_bytes - staged_bytes)) < MIB
 for module in linears:
-    module._pins = {"weights": {"pin": torch.empty(0), "registered": True}}
+    stage(module)
 all_staged = dynamic.file_ranges(patcher, record)
 all_report = json.loads(native.reconcile(record.owner, all_staged, backend="auto", label="dynamic residency"))
 gc.collect()
 checks["staging holds the whole model: Viking holds nothing, its view gone"] = (
     all_report["pinned_bytes"] == 0 and not record.file_views and views_of(path) == 1)
 for module in linears:
-    del module._pins
+    unstage(module)
 ranges = dynamic.file_ranges(patcher, record)
 native.reconcile(record.owner, ranges, backend="auto", label="dynamic residency")
 native.release(record.owner)
@@ -220,9 +211,7 @@ checks[f"current-prompt mark: Viking keeps ComfyUI's mark during a prompt, prior
     marked[0] == (True, False) and marked[5] == (True, True))
 
 # --- budget hand-over -------------------------------------------------------------------------
-comfy.memory_management.aimdo_enabled = True  # as main.py sets it when dynamic VRAM starts
-mm.MAX_PINNED_MEMORY = 8 << 30  # as on an NVIDIA machine (-1 under --cpu)
-seam._initial_ceiling.cache_clear()
+enter_dynamic_mode()
 native.configure(budget_gib=1.0, headroom_gib=0.0)  # a 1 GiB shared budget
 mm.TOTAL_PINNED_MEMORY = 100 * MIB  # ComfyUI's staging holds 100 MiB registered
 dynamic.govern()

@@ -40,7 +40,7 @@ SOURCES = {
     "gpu_dynamic.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_dynamic_fastdisk.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
-    "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/staging_patcher.py"],
+    "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
     "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
     "plan.json": ["src/plan.rs", "src/spans.rs", "benches/plan.rs"],
@@ -175,17 +175,20 @@ def dynamic_rows(name):
     return rows
 
 
+def megabytes(nbytes):
+    return f"{nbytes / 1e6:.0f} MB"
+
+
 def dynamic_table(name, alone, others):
     rows = dynamic_rows(name)
     a = rows[alone]
 
     def cells(key, text):
         return " | ".join(f"{text(rows[m][key])} ({f(rows[m][key] / a[key], 2)}x)" for m in others)
-    mb = lambda n: f"{n / 1e6:.0f} MB"  # noqa: E731
     return [f"| {f(a['cold'], 2)} s | {cells('cold', lambda v: f(v, 2) + ' s')} |",
             f"| {f(a['warm'], 3)} s | {cells('warm', lambda v: f(v, 3) + ' s')} |",
             f"| {f(a['pressure'], 3)} s | {cells('pressure', lambda v: f(v, 3) + ' s')} |",
-            f"| {mb(a['read'])} | " + " | ".join(mb(rows[m]["read"]) for m in others) + " |",
+            f"| {megabytes(a['read'])} | " + " | ".join(megabytes(rows[m]["read"]) for m in others) + " |",
             f"| {f(a['rss'] / 1e9, 1)} GB | {cells('rss', lambda v: f(v / 1e9, 1) + ' GB')} |",
             f"| {f(a['pss'] / 1e9, 1)} GB | {cells('pss', lambda v: f(v / 1e9, 1) + ' GB')} |",
             "| - | " + " | ".join(f"{rows[m]['pinned'] / 1e9:.1f} GB" for m in others) + " |"]

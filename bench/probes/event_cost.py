@@ -5,7 +5,7 @@ the hand-over of the budget to ComfyUI's ceiling), for a model of 780 weights in
 mapping of a safetensors file (the count of the Flux-shaped model's tensors), once with
 ComfyUI's staging holding every module (Viking holds nothing) and once with none staged
 (residency for all: the locks are made at the first event, later events find them unchanged).
-The patcher is tests/staging_patcher.py's (a real dynamic one needs a GPU), ComfyUI's own
+The patcher is tests/dynamic_cpu.py's (a real dynamic one needs a GPU), ComfyUI's own
 parts are real. Also Viking's native calls alone. Medians of 200 events after 5 untimed.
 
 usage: python bench/probes/event_cost.py COMFY_0_33_DIR OUT.json   (ComfyUI 0.33's Python)
@@ -31,29 +31,20 @@ import torch  # noqa: E402
 import comfy_aimdo.control  # noqa: E402
 
 comfy_aimdo.control.init()
-import comfy.memory_management  # noqa: E402
-import comfy.model_management as mm  # noqa: E402
-import comfy.utils  # noqa: E402
-
 from comfy_node import lifecycle  # noqa: E402
-from comfy_node import comfy as seam  # noqa: E402
 from comfy_node.native import require  # noqa: E402
-from staging_patcher import StagingPatcher  # noqa: E402
+from dynamic_cpu import StagingPatcher, enter_dynamic_mode, mapped_model, stage, unstage  # noqa: E402
 
 WEIGHTS, EVENTS = 780, 200
 native = require()
 native.configure(headroom_gib=0.0)
-comfy.memory_management.aimdo_enabled = True  # as main.py sets it in dynamic VRAM mode
-mm.MAX_PINNED_MEMORY = 8 << 30  # as on an NVIDIA machine (-1 under --cpu)
-seam._initial_ceiling.cache_clear()
+enter_dynamic_mode()
 
 path = os.path.join(tempfile.mkdtemp(prefix="event_cost_"), "model.safetensors")
 g = torch.Generator().manual_seed(0)
 safetensors.torch.save_file({f"{i}.weight": torch.randn(64, 64, generator=g) for i in range(WEIGHTS)}, path)
-state, _ = comfy.utils.load_safetensors(path)  # aimdo's read-only mapping, as dynamic mode loads it
-net = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(WEIGHTS)])
-net.load_state_dict(state, assign=True)
-patcher = StagingPatcher(net, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+patcher = mapped_model(path, StagingPatcher)
+net = patcher.model
 lifecycle.attach(patcher, lifecycle.PinSettings(label="event cost", backend="os-lock", headroom_gib=0.0))
 lifecycle._on_pre_run(patcher)  # sampled once: residency is decided from here on
 
@@ -71,11 +62,11 @@ def median_ms(call) -> float:
 
 result = {"bench": "event_cost", "date": time.strftime("%Y-%m-%d"), "weights": WEIGHTS, "events": EVENTS}
 for module in net:
-    module._pins = {"weights": {"pin": torch.empty(0), "registered": True}}  # ComfyUI's record of a staged module
+    stage(module)
 result["reconcile_ms_all_staged"] = median_ms(lambda: lifecycle.reconcile(patcher))
 result["pinned_bytes_all_staged"] = lifecycle.reconcile(patcher)["pinned_bytes"]
 for module in net:
-    del module._pins
+    unstage(module)
 result["reconcile_ms_none_staged"] = median_ms(lambda: lifecycle.reconcile(patcher))
 result["pinned_bytes_none_staged"] = lifecycle.reconcile(patcher)["pinned_bytes"]
 result["native_budget_json_ms"] = median_ms(native.budget_json)
