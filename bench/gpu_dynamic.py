@@ -5,21 +5,32 @@ VRAM held down by another process (--free-gib free). The conditioning comes from
 this bench writes into the server's custom_nodes (seeded random tensors of Flux's shapes: the
 text encoders are not what is measured).
 
-Modes, each a fresh server: dynamic (ComfyUI alone), dynamic_nodes (Viking Pin Model between
-the loader and the sampler), dynamic_engine (VIKING_ENGINE_MODE=1, no node), static_nodes
-(--disable-dynamic-vram with the node: the cross-check); a "_fastdisk" after "dynamic" adds
-ComfyUI's --fast-disk (weights with a VRAM slot stream from the file mapping each time instead
-of a pinned staging copy: the case where the file's pages are what a step reads, and what
-residency keeps), compared with dynamic_fastdisk alone. Per server: the first prompt from a
-cold start (the file's pages dropped from the page cache first), five warm prompts, then memory
-pressure (the file's page cache dropped with posix_fadvise(DONTNEED), the server's mappings
-of it paged out with process_madvise(MADV_PAGEOUT)) and one more prompt. Recorded: seconds per
+Modes, each a fresh server, named by what they add to "dynamic" (ComfyUI alone):
+  _nodes    Viking Pin Model between the loader and the sampler
+  _engine   VIKING_ENGINE_MODE=1, no node
+  _clone    a plain node that returns model.clone() (no Viking): what any node that hands the
+            sampler a patched clone (a LoRA loader) costs ComfyUI itself
+  _fastdisk ComfyUI's --fast-disk (weights with a VRAM slot stream from the file mapping each
+            time instead of a pinned staging copy: the case where the file's pages are what a
+            step reads, and what residency keeps); compared with dynamic_fastdisk alone
+  _two      two models taking turns in one prompt (the second file's weights seeded apart; a
+            sampler on each, the second refining the first's latent, as Wan 2.2's two experts
+            or a base + refiner graph do): each model's turn gives the other's VRAM slots
+            away; compared with dynamic[_fastdisk]_two alone
+  static_nodes  --disable-dynamic-vram with the node: the cross-check
+  #N        the same mode again, a later fresh server (ComfyUI alone twice: the noise floor
+            between servers)
+Per server: the first prompt from a
+cold start (the files' pages dropped from the page cache first), five warm prompts, then memory
+pressure (the files' page cache dropped with posix_fadvise(DONTNEED), the server's mappings
+of them paged out with process_madvise(MADV_PAGEOUT)) and one more prompt. Recorded: seconds per
 prompt, peak RSS (VmHWM), PSS after each prompt (a page mapped twice, by aimdo and by Viking's
 view, counts once there; RSS counts it twice), Viking's and ComfyUI's pinned bytes, ComfyUI's
 pin ceiling, the bytes read from storage per prompt (/proc/PID/io: what a slower disk would
 make slower), the latent's hash (bit-identity across modes).
 
-usage: python bench/gpu_dynamic.py OUT.json [--depth 19] [--free-gib 16] [--steps 4] [--size 1024]
+usage: python bench/gpu_dynamic.py OUT.json [--depth 19] [--free-gib 16] [--steps 4] [--size 1024] [--modes A,B,...]
+       [--cpu]  (a dry run of the bench itself on a machine with no GPU: its dynamic-mode checks fail there)
 (run by ComfyUI 0.33's Python; writes the model file once under .comfy/cache)
 """
 
@@ -43,14 +54,15 @@ from server_tools import Results, bad_lines, hold_vram, run_seconds, status_byte
 out_path = sys.argv[1]
 depth, free_gib, steps, size = arg("--depth", 19, int), arg("--free-gib", 16.0), arg("--steps", 4, int), arg("--size", 1024, int)
 modes = arg("--modes", "dynamic,dynamic_nodes,dynamic_engine,static_nodes", str).split(",")
-MODEL = f"flux_shaped_d{depth}.safetensors"
+cpu = "--cpu" in sys.argv
+MODELS = (f"flux_shaped_d{depth}.safetensors", f"flux_shaped_d{depth}_seed1.safetensors")  # the second for _two
 WARM_PROMPTS = 5  # the warm figure is their median
 libc = ctypes.CDLL(None, use_errno=True)
 results = Results(out_path, bench="gpu_dynamic", date=time.strftime("%Y-%m-%d"), depth=depth, free_gib=free_gib,
                   steps=steps, size=size, modes={})
 result, check, save = results.data, results.check, results.save
 
-COND_NODE = '''
+BENCH_NODES = '''
 import torch
 
 class VikingBenchFluxConditioning:
@@ -68,18 +80,30 @@ class VikingBenchFluxConditioning:
         pooled = torch.randn(1, 768, generator=g) * 0.5
         return ([[context, {"pooled_output": pooled, "guidance": 3.5}]],)
 
-NODE_CLASS_MAPPINGS = {"VikingBenchFluxConditioning": VikingBenchFluxConditioning}
+class VikingBenchClone:
+    """model.clone() and nothing else: what a node handing the sampler a clone costs."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",)}}
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "clone"
+    CATEGORY = "bench"
+
+    def clone(self, model):
+        return (model.clone(),)
+
+NODE_CLASS_MAPPINGS = {"VikingBenchFluxConditioning": VikingBenchFluxConditioning, "VikingBenchClone": VikingBenchClone}
 '''
 
 
-def model_file() -> Path:
-    path = CACHE_DIR / MODEL
+def model_file(name: str, seed: int) -> Path:
+    path = CACHE_DIR / name
     if not path.exists():
         import safetensors.torch
         import flux_model
 
-        flux_model.start_comfy(str(comfy_install("0.33").tree), cpu=False)
-        model, _ = flux_model.build(depth, tiny=False)
+        flux_model.start_comfy(str(comfy_install("0.33").tree), cpu=cpu)
+        model, _ = flux_model.build(depth, tiny=False, seed=seed)
         state = {k: v.contiguous() for k, v in model.diffusion_model.state_dict().items()}
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
         safetensors.torch.save_file(state, str(path) + ".part")
@@ -117,21 +141,30 @@ def page_out_file(pid: int, path: Path) -> int:
     return advised
 
 
-def graph(viking: bool, seed: int) -> dict:
-    api = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": MODEL, "weight_dtype": "default"}},
-        "3": {"class_type": "VikingBenchFluxConditioning", "inputs": {"seed": 1}},
-        "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": size, "height": size, "batch_size": 1}},
-        "5": {"class_type": "KSampler", "inputs": {"model": ["1", 0], "positive": ["3", 0], "negative": ["3", 0],
-                                                    "latent_image": ["4", 0], "seed": seed, "steps": steps, "cfg": 1.0,
-                                                    "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0}},
-        "6": {"class_type": "SaveLatent", "inputs": {"samples": ["5", 0], "filename_prefix": f"s{seed}"}},
-    }
-    if viking:
-        api["2"] = {"class_type": "VikingPinModel", "inputs": {"model": ["1", 0], "budget_gib": 0.0, "headroom_gib": 0.0,
-                                                                "backend": "auto", "priority": 0, "pinned_home": True,
-                                                                "vram_cap_gib": 0.0}}
-        api["5"]["inputs"]["model"] = ["2", 0]
+def graph(mode: str, seed: int) -> dict:
+    """One prompt: loader -> [Pin Model | clone] -> KSampler -> SaveLatent; with _two a second
+    loader and sampler refine the first sampler's latent (both models sample in every prompt)."""
+    wrap = "VikingPinModel" if mode_kind(mode) == "nodes" else "VikingBenchClone" if mode_kind(mode) == "clone" else None
+    api = {"3": {"class_type": "VikingBenchFluxConditioning", "inputs": {"seed": 1}},
+           "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": size, "height": size, "batch_size": 1}}}
+    latent = ["4", 0]
+    for index, name in enumerate(MODELS[:2 if "_two" in mode else 1]):
+        loader, pin, sampler = (f"{10 * index + n}" for n in (1, 2, 5))
+        api[loader] = {"class_type": "UNETLoader", "inputs": {"unet_name": name, "weight_dtype": "default"}}
+        model = [loader, 0]
+        if wrap == "VikingPinModel":
+            api[pin] = {"class_type": wrap, "inputs": {"model": model, "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto",
+                                                       "priority": 0, "pinned_home": True, "vram_cap_gib": 0.0}}
+            model = [pin, 0]
+        elif wrap is not None:
+            api[pin] = {"class_type": wrap, "inputs": {"model": model}}
+            model = [pin, 0]
+        api[sampler] = {"class_type": "KSampler", "inputs": {"model": model, "positive": ["3", 0], "negative": ["3", 0],
+                                                              "latent_image": latent, "seed": seed + index, "steps": steps,
+                                                              "cfg": 1.0, "sampler_name": "euler", "scheduler": "simple",
+                                                              "denoise": 1.0 if index == 0 else 0.5}}
+        latent = [sampler, 0]
+    api["6"] = {"class_type": "SaveLatent", "inputs": {"samples": latent, "filename_prefix": f"s{seed}"}}
     return api
 
 
@@ -143,60 +176,72 @@ def latent_hash(server, entry) -> str | None:
     return None
 
 
+def mode_kind(mode: str) -> str:
+    """What a mode adds to ComfyUI alone: "nodes", "engine", "clone" or "alone"."""
+    base = mode.split("#")[0]
+    return next((kind for kind in ("nodes", "engine", "clone") if base.endswith("_" + kind)), "alone")
+
+
 def alone_mode(mode: str) -> str:
-    """The ComfyUI-alone mode a mode is compared with."""
-    return "dynamic_fastdisk" if "_fastdisk" in mode else "dynamic"
+    """The ComfyUI-alone mode a mode is compared with (static_nodes: default dynamic alone)."""
+    base = mode.split("#")[0]
+    return "dynamic" + "".join(flag for flag in ("_fastdisk", "_two") if flag in base)
+
+
+def proc_number(pid: int, file: str, field: str) -> int | None:
+    """The first number after `field:` in /proc/PID/FILE."""
+    for line in open(f"/proc/{pid}/{file}"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return None
 
 
 def pss_bytes(pid: int) -> int | None:
-    for line in open(f"/proc/{pid}/smaps_rollup"):
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) * 1024
-    return None
+    kib = proc_number(pid, "smaps_rollup", "Pss")
+    return kib * 1024 if kib is not None else None
 
 
 def storage_read_bytes(pid: int) -> int:
     """Bytes the process has had read from storage (page-cache misses), /proc/PID/io."""
-    for line in open(f"/proc/{pid}/io"):
-        if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    return 0
+    return proc_number(pid, "io", "read_bytes") or 0
 
 
-def run_mode(mode: str, path: Path) -> dict:
-    base = Path(tempfile.mkdtemp(prefix=f"gpu_dynamic_{mode}_"))
-    with_viking = mode != alone_mode(mode)
+def run_mode(mode: str, paths: list[Path]) -> dict:
+    base = Path(tempfile.mkdtemp(prefix=f"gpu_dynamic_{mode.replace('#', '_')}_"))
+    with_viking = mode_kind(mode) in ("nodes", "engine")
     nodes = {"viking_engine": REPO} if with_viking else {}
     prepare_base_dir(base, custom_nodes=nodes)
     (base / "custom_nodes" / "viking_bench_nodes").mkdir(exist_ok=True)
-    (base / "custom_nodes" / "viking_bench_nodes" / "__init__.py").write_text(COND_NODE)
+    (base / "custom_nodes" / "viking_bench_nodes" / "__init__.py").write_text(BENCH_NODES)
     (base / "models" / "diffusion_models").mkdir(parents=True, exist_ok=True)
-    link = base / "models" / "diffusion_models" / MODEL
-    link.symlink_to(path)
+    for path in paths:
+        (base / "models" / "diffusion_models" / path.name).symlink_to(path)
     (base / "frontend").mkdir(exist_ok=True)
     extra = ["--disable-metadata", "--front-end-root", str(base / "frontend")]
     if mode.startswith("static"):
         extra.append("--disable-dynamic-vram")
     if "_fastdisk" in mode:
         extra.append("--fast-disk")
-    env = {"VIKING_ENGINE_MODE": "1"} if mode.endswith("_engine") else {}
-    viking_node = mode.endswith("nodes")
+    env = {"VIKING_ENGINE_MODE": "1"} if mode_kind(mode) == "engine" else {}
     row = dict(prompts=[])
-    drop_file_cache(path)
-    with ComfyServer(base, extra, cpu=False, version="0.33", env=env, start_timeout=300) as server:
+    for path in paths:
+        drop_file_cache(path)
+    with ComfyServer(base, extra, cpu=cpu, version="0.33", env=env, start_timeout=300) as server:
         for index, stage in enumerate(("cold start",) + ("warm",) * WARM_PROMPTS + ("after pressure",)):
             if stage == "after pressure":
-                row["paged_out_bytes"] = page_out_file(server.pid, path)
-                drop_file_cache(path)
+                row["paged_out_bytes"] = sum(page_out_file(server.pid, path) for path in paths)
+                for path in paths:
+                    drop_file_cache(path)
             read_before = storage_read_bytes(server.pid)
-            entry = server.run_prompt(graph(viking_node, seed=index), timeout=900)
+            entry = server.run_prompt(graph(mode, seed=index), timeout=900)
             prompt = dict(stage=stage, seconds=run_seconds(entry), latent=latent_hash(server, entry), pss_bytes=pss_bytes(server.pid),
                           storage_read_bytes=storage_read_bytes(server.pid) - read_before)
             if with_viking:
                 status = server.get("/viking/status")
-                model = next((o for o in status["owners"] if "Flux" in o["label"] or o["label"].startswith("MODEL")), {})
+                owners = [o for o in status["owners"] if "Flux" in o["label"] or o["label"].startswith("MODEL")]
                 prompt.update(viking_pinned_bytes=status["pinned_bytes"], comfy=status.get("comfy"),
-                              dynamic=model.get("dynamic"), notes=model.get("notes"), budget=status["budget"]["reason"])
+                              dynamic=[o.get("dynamic") for o in owners], notes=[o.get("notes") for o in owners],
+                              budget=status["budget"]["reason"])
             row["prompts"].append(prompt)
             print(mode, json.dumps(prompt), flush=True)
         row["peak_rss_bytes"] = status_bytes(server.pid, "VmHWM")
@@ -208,22 +253,34 @@ def run_mode(mode: str, path: Path) -> dict:
     return row
 
 
-path = model_file()
-result["model_bytes"] = path.stat().st_size
-holder, held = hold_vram(free_gib)
+def stage_seconds(row: dict) -> dict:
+    """Seconds per stage of one mode (warm: the median of its prompts)."""
+    by_stage = {}
+    for prompt in row["prompts"]:
+        by_stage.setdefault(prompt["stage"], []).append(prompt["seconds"])
+    return {stage: sorted(values)[len(values) // 2] for stage, values in by_stage.items()}
+
+
+paths = [model_file(MODELS[0], seed=0)]
+if any("_two" in mode for mode in modes):
+    paths.append(model_file(MODELS[1], seed=1))
+result["model_bytes"] = paths[0].stat().st_size
+holder, held = hold_vram(free_gib) if not cpu else (None, 0)
 result["held_vram_bytes"] = held
 try:
     for mode in modes:
-        run_mode(mode, path)
+        run_mode(mode, paths if "_two" in mode else paths[:1])
 finally:
-    holder.kill()
+    if holder is not None:
+        holder.kill()
 
 rows = result["modes"]
-latents = {m: [p["latent"] for p in r["prompts"]] for m, r in rows.items()}
-for mode, hashes in latents.items():
-    reference = latents.get("dynamic", latents.get(alone_mode(mode)))
-    check(hashes == reference and None not in hashes, f"{mode}: latents bit-identical to ComfyUI dynamic alone")
 for mode, row in rows.items():
+    hashes = [p["latent"] for p in row["prompts"]]
+    # ComfyUI alone in the default dynamic mode where this file has it (--fast-disk must not change a latent either)
+    reference_mode = alone_mode(mode).replace("_fastdisk", "") if alone_mode(mode).replace("_fastdisk", "") in rows else alone_mode(mode)
+    reference = [p["latent"] for p in rows.get(reference_mode, row)["prompts"]]
+    check(hashes == reference and None not in hashes, f"{mode}: latents bit-identical to {reference_mode} (ComfyUI dynamic alone)")
     check(not row["bad_log_lines"], f"{mode}: no CUDA error, Pin error or traceback in the log: {row['bad_log_lines'][:3]}")
     if mode.startswith("dynamic"):
         check(row["dynamic_vram_on"], f"{mode}: ComfyUI ran in dynamic VRAM mode")
@@ -232,17 +289,13 @@ for mode, row in rows.items():
     alone = rows.get(alone_mode(mode))
     if alone is None or mode == alone_mode(mode):
         continue
-    def stage_seconds(r):
-        by_stage = {}
-        for p in r["prompts"]:
-            by_stage.setdefault(p["stage"], []).append(p["seconds"])
-        return {stage: sorted(values)[len(values) // 2] for stage, values in by_stage.items()}  # warm: the median
     mine, theirs = stage_seconds(row), stage_seconds(alone)
     ratios = {stage: round(mine[stage] / theirs[stage], 3) for stage in mine if mine[stage] and theirs.get(stage)}
     peak_pss = max(p["pss_bytes"] or 0 for p in row["prompts"]) / max(p["pss_bytes"] or 1 for p in alone["prompts"])
     summary[mode] = dict(compared_with=alone_mode(mode), seconds_over_alone=ratios,
                          peak_rss_over_alone=round(row["peak_rss_bytes"] / alone["peak_rss_bytes"], 3),
-                         pss_over_alone=round(peak_pss, 3))
+                         pss_over_alone=round(peak_pss, 3),
+                         read_after_pressure_bytes=(row["prompts"][-1]["storage_read_bytes"], alone["prompts"][-1]["storage_read_bytes"]))
 result["summary"] = summary
 save()
 print(json.dumps(summary, indent=1))

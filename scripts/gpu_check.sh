@@ -12,9 +12,11 @@
 #   tests       the GPU tests of the suite (native CUDA path, pressure release of CUDA pins,
 #               pinned home and prefetch through ComfyUI's model management)
 #   servers375  a real ComfyUI 0.3.75 server on the GPU (tests/test_gpu_server.py); servers033 0.33
+#               (--disable-dynamic-vram); servers033dyn 0.33 in its default dynamic VRAM mode
 #   home cap perf   the benches whose figures the README quotes, re-measured at this commit
 #   dynamic     ComfyUI 0.33's dynamic VRAM mode alone and with Viking (bench/gpu_dynamic.py)
 #   fastdisk    the same with ComfyUI's --fast-disk (steps read the file's pages), engine mode too
+#   two         two models taking turns in each prompt, --fast-disk and default
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -65,11 +67,15 @@ part_tests() {
 }
 
 part_servers375() {
-    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "0.3.75" 2>&1 | tee "$OUT/servers375.log"
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "0.3.75 and not dynamic" 2>&1 | tee "$OUT/servers375.log"
 }
 
 part_servers033() {
-    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "0.33" 2>&1 | tee "$OUT/servers033.log"
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "not dynamic and 0.33" 2>&1 | tee "$OUT/servers033.log"
+}
+
+part_servers033dyn() {
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "dynamic and 0.33" 2>&1 | tee "$OUT/servers033dyn.log"
 }
 
 part_home() {
@@ -88,8 +94,12 @@ dynamic_bench() {  # RESULT_FILE MODES
     python3 bench/gpu_dynamic.py "$OUT/$1" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" --modes "$2" 2>&1 | tail -30
 }
 
-part_dynamic() { dynamic_bench gpu_dynamic.json dynamic,dynamic_nodes,static_nodes; }
+# ComfyUI alone runs first and again last (#2): the spread between two fresh servers of one mode.
+part_dynamic() { dynamic_bench gpu_dynamic.json dynamic,dynamic_nodes,dynamic_clone,dynamic_engine,static_nodes,dynamic#2; }
 part_fastdisk() { dynamic_bench gpu_dynamic_fastdisk.json dynamic_fastdisk,dynamic_fastdisk_nodes,dynamic_fastdisk_engine; }
+part_two() {
+    dynamic_bench gpu_dynamic_two.json dynamic_two,dynamic_two_nodes,dynamic_fastdisk_two,dynamic_fastdisk_two_nodes,dynamic_fastdisk_two_engine
+}
 
 case "${1:-}" in
     carry) carry ;;
@@ -100,5 +110,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|home|cap|perf|dynamic|fastdisk]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two]..." >&2; exit 2 ;;
 esac

@@ -39,6 +39,8 @@ SOURCES = {
     "gpu_server_0_33.json": NATIVE + SERVER + NOT_DYNAMIC + ["bench/gpu_server.py"],  # --disable-dynamic-vram
     "gpu_dynamic.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_dynamic_fastdisk.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
+    "gpu_dynamic_two.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
+    "gpu_server_0_33_dynamic.json": NATIVE + SERVER + ["bench/gpu_server.py"],  # the default dynamic VRAM mode
     "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
     "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
