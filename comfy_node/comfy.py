@@ -17,6 +17,7 @@ import functools
 import inspect
 import logging
 import os
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -311,12 +312,29 @@ def wrap_instance_method(patcher, name: str, make_body) -> bool:
     body = make_body(inner)
 
     def wrapper(*args, **kwargs):
-        return body(weak(), *args, **kwargs)
+        this = weak()
+        if this is None:  # the garbage collector is finalizing the patcher: ComfyUI's own call, as is
+            return inner(_finalizing_patcher(name, wrapper), *args, **kwargs)
+        return body(this, *args, **kwargs)
 
     wrapper._viking = True
     wrapper.__name__ = name
     setattr(patcher, name, wrapper)
     return True
+
+
+def _finalizing_patcher(name: str, wrapper):
+    """The patcher whose `name` is `wrapper`, for a call made while the garbage collector
+    finalizes it: the collector clears weak references before it runs finalizers, and 0.33's
+    dynamic patcher releases its staging in its own __del__ (self.partially_unload_ram(1e32),
+    self.detach), where `self` is a local of a calling frame."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if wrapper is getattr(candidate, "__dict__", {}).get(name):
+            return candidate
+        frame = frame.f_back
+    raise ReferenceError(f"Viking's wrapper of {name} was called for a patcher that is gone")
 
 
 @functools.lru_cache(maxsize=1)

@@ -210,6 +210,38 @@ for priority in (0, 5):
 checks[f"current-prompt mark: Viking keeps ComfyUI's mark during a prompt, priority 0 and 5 {marked}"] = (
     marked[0] == (True, False) and marked[5] == (True, True))
 
+# --- a patcher the garbage collector finalizes ---------------------------------------------------
+# 0.33's dynamic patcher releases its staging in __del__ (ModelPatcherDynamic.__del__, ComfyUI's
+# own code, used here); in a reference cycle it runs after the collector has cleared weak
+# references, so Viking's instance wrappers (which hold the patcher weakly) must still hand the
+# call to ComfyUI's method (seen on an H200: a traceback per patcher, staging never released).
+
+
+class FinalizingPatcher(StagingPatcher):
+    unpin_all_weights = comfy.model_patcher.ModelPatcherDynamic.unpin_all_weights
+    __del__ = comfy.model_patcher.ModelPatcherDynamic.__del__
+    released = []
+
+    def partially_unload_ram(self, ram_to_unload, subsets=None):
+        self.released.append(ram_to_unload)
+        return 0
+
+
+unraisable = []
+previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+dying = FinalizingPatcher(torch.nn.Sequential(torch.nn.Linear(8, 8)), load_device=torch.device("cpu"),
+                          offload_device=torch.device("cpu"))
+dying.model.dynamic_patchers = {id(dying)}
+lifecycle.attach(dying, lifecycle.PinSettings(label="finalized", backend="os-lock", headroom_gib=0.0))
+dying_owner = lifecycle.owner_of(dying)
+dying.cycle = dying  # only the cycle collector frees it, as ComfyUI's dynamic patchers in a server
+del dying
+gc.collect()
+sys.unraisablehook = previous_hook
+checks[f"finalized patcher: its __del__ reaches ComfyUI's staging release through Viking's wrappers, no exception "
+       f"{[str(u.exc_value) for u in unraisable]}"] = FinalizingPatcher.released == [1e32] and not unraisable
+lifecycle.forget(dying_owner)
+
 # --- budget hand-over -------------------------------------------------------------------------
 enter_dynamic_mode()
 native.configure(budget_gib=1.0, headroom_gib=0.0)  # a 1 GiB shared budget
