@@ -1,6 +1,6 @@
-"""Plots bench/results/gpu_dynamic.json and gpu_dynamic_fastdisk.json: seconds per prompt (cold
-start, five warm, after pressure) and peak RSS / largest PSS per mode, ComfyUI 0.33 dynamic VRAM
-alone and with Viking.
+"""Plots bench/results/gpu_dynamic.json, gpu_dynamic_fastdisk.json and gpu_dynamic_two.json:
+seconds per prompt (cold start, five warm, after pressure) and peak RSS / largest PSS per mode,
+ComfyUI 0.33 dynamic VRAM alone and with Viking.
 usage: python bench/plot_dynamic.py  (writes bench/results/gpu_dynamic.png)"""
 
 import json
@@ -12,12 +12,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FILES = {"default dynamic mode": "gpu_dynamic.json", "--fast-disk": "gpu_dynamic_fastdisk.json"}
-LABELS = {"dynamic": "ComfyUI alone", "dynamic_nodes": "+ Viking Pin Model", "static_nodes": "0.33 static + Pin Model",
-          "dynamic_fastdisk": "ComfyUI alone", "dynamic_fastdisk_nodes": "+ Viking Pin Model",
-          "dynamic_fastdisk_engine": "+ Viking engine mode"}
+FILES = {"default dynamic mode": "gpu_dynamic.json", "--fast-disk": "gpu_dynamic_fastdisk.json",
+         "two models taking turns": "gpu_dynamic_two.json"}
+KINDS = {"nodes": "+ Pin Model", "engine": "+ engine mode", "clone": "clone node, no Viking"}
 
-fig, axes = plt.subplots(2, 2, figsize=(13, 8))
+
+def label(mode: str) -> str:
+    base, _, again = mode.partition("#")
+    if base == "static_nodes":
+        return "0.33 static + Pin Model"
+    kind = next((k for k in KINDS if base.endswith("_" + k)), None)
+    text = KINDS[kind] if kind else "ComfyUI alone" + (" again" if again else "")
+    return ("--fast-disk " if "_fastdisk" in base and "two" in base else "") + text
+
+
+fig, axes = plt.subplots(2, 3, figsize=(19, 8))
 for column, (title, name) in enumerate(FILES.items()):
     data = json.loads((RESULTS / name).read_text())
     times, memory = axes[0][column], axes[1][column]
@@ -26,12 +35,12 @@ for column, (title, name) in enumerate(FILES.items()):
         prompts = data["modes"][mode]["prompts"]
         # the cold start is ~15x a warm prompt: plotted from the first warm prompt on, quoted in the label
         times.plot(range(1, len(prompts)), [p["seconds"] for p in prompts[1:]], marker="o",
-                   label=f"{LABELS[mode]} (cold start {prompts[0]['seconds']:.2f} s)")
+                   label=f"{label(mode)} (cold start {prompts[0]['seconds']:.2f} s)")
     stages = [p["stage"] for p in data["modes"][modes[0]]["prompts"]][1:]
     times.set_xticks(range(1, len(stages) + 1), stages, fontsize=8)
     times.set_ylabel("seconds per prompt")
     times.set_ylim(bottom=0)
-    times.set_title(f"{title}: {data['model_bytes'] / 1e9:.1f} GB model, {data['free_gib']:.0f} GiB VRAM free, "
+    times.set_title(f"{title}: {'two ' if 'two' in name else ''}{data['model_bytes'] / 1e9:.1f} GB model{'s' if 'two' in name else ''}, {data['free_gib']:.0f} GiB VRAM free, "
                     f"commit {data['commit']}", fontsize=10)
     times.legend(fontsize=8)
     width = 0.38
@@ -40,7 +49,7 @@ for column, (title, name) in enumerate(FILES.items()):
         pss = max(p["pss_bytes"] for p in row["prompts"])
         memory.bar(index - width / 2, row["peak_rss_bytes"] / 1e9, width, color="tab:blue", label="peak RSS" if index == 0 else None)
         memory.bar(index + width / 2, pss / 1e9, width, color="tab:orange", label="largest PSS" if index == 0 else None)
-    memory.set_xticks(range(len(modes)), [LABELS[m] for m in modes], fontsize=8)
+    memory.set_xticks(range(len(modes)), [label(m) for m in modes], fontsize=7, rotation=15)
     memory.set_ylabel("GB")
     memory.legend(fontsize=8)
 fig.suptitle(f"ComfyUI 0.33 dynamic VRAM on {data['device']}; latents bit-identical in every mode", fontsize=11)

@@ -193,15 +193,27 @@ def dynamic_table(name, alone, others):
             f"| {megabytes(a['read'])} | " + " | ".join(megabytes(rows[m]["read"]) for m in others) + " |",
             f"| {f(a['rss'] / 1e9, 1)} GB | {cells('rss', lambda v: f(v / 1e9, 1) + ' GB')} |",
             f"| {f(a['pss'] / 1e9, 1)} GB | {cells('pss', lambda v: f(v / 1e9, 1) + ' GB')} |",
-            "| - | " + " | ".join(f"{rows[m]['pinned'] / 1e9:.1f} GB" for m in others) + " |"]
+            "| - | " + " | ".join("-" if rows[m]["pinned"] is None else f"{rows[m]['pinned'] / 1e9:.1f} GB" for m in others) + " |"]
 
 
 def dynamic():
-    return dynamic_table("gpu_dynamic.json", "dynamic", ["dynamic_nodes", "static_nodes"])
+    return dynamic_table("gpu_dynamic.json", "dynamic",
+                         ["dynamic#2", "dynamic_nodes", "dynamic_clone", "dynamic_engine", "static_nodes"])
 
 
 def dynamic_fastdisk():
     return dynamic_table("gpu_dynamic_fastdisk.json", "dynamic_fastdisk", ["dynamic_fastdisk_nodes", "dynamic_fastdisk_engine"])
+
+
+def dynamic_two():
+    return (dynamic_table("gpu_dynamic_two.json", "dynamic_two", ["dynamic_two_nodes"])
+            + dynamic_table("gpu_dynamic_two.json", "dynamic_fastdisk_two", ["dynamic_fastdisk_two_nodes", "dynamic_fastdisk_two_engine"]))
+
+
+def server_dynamic():
+    d = load("gpu_server_0_33_dynamic.json")
+    c = d["modes"]["viking"]["after_free"]["counters"]
+    return [f"{d['identical_to_comfy_alone_at_the_same_start']} of 8 as is", f"{c['registrations']} = {c['releases']}, {c['failures']} failed"]
 
 
 def swap():
@@ -232,6 +244,7 @@ def plan():
 
 FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,
            "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "gpu_dynamic_fastdisk.json": dynamic_fastdisk,
+           "gpu_dynamic_two.json": dynamic_two, "gpu_server_0_33_dynamic.json": server_dynamic,
            "event_cost_cpu.json": event_cost, "plan.json": plan,
            "swap_cpu.json": swap}
 
