@@ -17,6 +17,8 @@
 #   dynamic     ComfyUI 0.33's dynamic VRAM mode alone and with Viking (bench/gpu_dynamic.py)
 #   fastdisk    the same with ComfyUI's --fast-disk (steps read the file's pages), engine mode too
 #   two         two models taking turns in each prompt, --fast-disk and default
+#   rounds      the --fast-disk two-model modes, alone and with the nodes, three fresh servers
+#               each, interleaved (one server per mode is as noisy as the differences)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -100,6 +102,14 @@ part_fastdisk() { dynamic_bench gpu_dynamic_fastdisk.json dynamic_fastdisk,dynam
 part_two() {
     dynamic_bench gpu_dynamic_two.json dynamic_two,dynamic_two_nodes,dynamic_fastdisk_two,dynamic_fastdisk_two_nodes,dynamic_fastdisk_two_engine
 }
+part_rounds() {
+    local two=dynamic_fastdisk_two modes=""
+    for round in 1 2 3; do
+        suffix=$([ $round = 1 ] || echo "#$round")
+        modes+="${modes:+,}$two$suffix,${two}_nodes$suffix"
+    done
+    dynamic_bench gpu_dynamic_rounds.json "$modes"
+}
 
 case "${1:-}" in
     carry) carry ;;
@@ -110,5 +120,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds]..." >&2; exit 2 ;;
 esac
