@@ -19,6 +19,7 @@
 #   two         two models taking turns in each prompt, --fast-disk and default
 #   rounds      the --fast-disk two-model modes, alone and with the nodes, three fresh servers
 #               each, interleaved (one server per mode is as noisy as the differences)
+#   rounds1     the same for one model in ComfyUI's default dynamic mode
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -102,14 +103,18 @@ part_fastdisk() { dynamic_bench gpu_dynamic_fastdisk.json dynamic_fastdisk,dynam
 part_two() {
     dynamic_bench gpu_dynamic_two.json dynamic_two,dynamic_two_nodes,dynamic_fastdisk_two,dynamic_fastdisk_two_nodes,dynamic_fastdisk_two_engine
 }
-part_rounds() {
-    local two=dynamic_fastdisk_two modes=""
+# Three fresh servers per mode, interleaved (alone, nodes, alone, nodes, ...): RESULT_FILE MODE...
+rounds_bench() {
+    local result="$1" modes="" suffix
+    shift
     for round in 1 2 3; do
         suffix=$([ $round = 1 ] || echo "#$round")
-        modes+="${modes:+,}$two$suffix,${two}_nodes$suffix"
+        for mode in "$@"; do modes+="${modes:+,}$mode$suffix"; done
     done
-    dynamic_bench gpu_dynamic_rounds.json "$modes"
+    dynamic_bench "$result" "$modes"
 }
+part_rounds() { rounds_bench gpu_dynamic_rounds.json dynamic_fastdisk_two dynamic_fastdisk_two_nodes; }
+part_rounds1() { rounds_bench gpu_dynamic_rounds_one.json dynamic dynamic_nodes; }
 
 case "${1:-}" in
     carry) carry ;;
@@ -120,5 +125,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds|rounds1]..." >&2; exit 2 ;;
 esac
