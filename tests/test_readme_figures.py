@@ -41,6 +41,8 @@ SOURCES = {
     "gpu_dynamic_fastdisk.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_dynamic_two.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_server_0_33_dynamic.json": NATIVE + SERVER + ["bench/gpu_server.py"],  # the default dynamic VRAM mode
+    "container_residency_cpu.json": NATIVE + ["comfy_node", "bench/container_residency.py", "tests/dynamic_cpu.py",
+                                              "tests/memory_cgroup.py"],
     "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
     "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
@@ -210,6 +212,21 @@ def dynamic_two():
             + dynamic_table("gpu_dynamic_two.json", "dynamic_fastdisk_two", ["dynamic_fastdisk_two_nodes", "dynamic_fastdisk_two_engine"]))
 
 
+def container():
+    d = load("container_residency_cpu.json")
+    a, v = d["median"]["alone"], d["median"]["viking"]
+    viking = d["runs"]["viking"][0]
+    gib = 1 << 30
+    return [f"limited to {d['limit_bytes'] / gib:.0f} GiB", f"another {d['other_file_bytes'] / gib:.0f} GiB file {d['other_file_reads']} times",
+            f"a {viking['model_bytes'] >> 20} MiB model",
+            f"| warm run (median of 5) | {f(a['warm_seconds'], 3)} s | {f(v['warm_seconds'], 3)} s ({f(d['warm_viking_over_alone'], 2)}x) |",
+            f"| the model's checkpoint in RAM after the other file's reads | {a['resident_share']:.0%} | {v['resident_share']:.0%} |",
+            f"| next run | {f(a['next_seconds'], 3)} s | {f(v['next_seconds'], 3)} s (**{f(d['next_run_alone_over_viking'], 1)}x** faster) |",
+            f"| read from storage in the next run | {megabytes(a['next_read_bytes'])} | {megabytes(v['next_read_bytes'])} |",
+            f"| Viking's pins | - | {megabytes(viking['pinned_bytes'])}, within a {viking['budget']['limit_bytes'] / gib:.1f} GiB budget "
+            f"(auto headroom: {viking['budget']['headroom_bytes'] / gib:.1f} GiB of the limit stays free) |"]
+
+
 def server_dynamic():
     d = load("gpu_server_0_33_dynamic.json")
     c = d["modes"]["viking"]["after_free"]["counters"]
@@ -245,6 +262,7 @@ def plan():
 FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,
            "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "gpu_dynamic_fastdisk.json": dynamic_fastdisk,
            "gpu_dynamic_two.json": dynamic_two, "gpu_server_0_33_dynamic.json": server_dynamic,
+           "container_residency_cpu.json": container,
            "event_cost_cpu.json": event_cost, "plan.json": plan,
            "swap_cpu.json": swap}
 
