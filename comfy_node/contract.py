@@ -152,7 +152,7 @@ class DynamicModel(TypedDict):
     """Per model in ComfyUI's dynamic VRAM mode (dynamic.summary)."""
     staged_bytes: int  # RAM of ComfyUI's staging copies of this model
     staged_pinned_bytes: int  # ... of it registered
-    file_view_bytes: int  # Viking's shared views of the checkpoint, for residency
+    file_view_bytes: int  # Viking's shared views of the checkpoint (mapped; what they lock is in the pins)
     file_view_resident_bytes: int
     checkpoint_resident_bytes: int  # of the model's mapped weights, in RAM now (page cache)
     checkpoint_bytes: int

@@ -103,7 +103,7 @@ def after_event(patcher, record):
 def file_ranges(patcher, record) -> list[tuple[int, int, object]]:
     """(address, bytes, keepalive) of the checkpoint pages of the model's weights that ComfyUI's
     staging does not hold (what a forward reads from the file), through Viking's own shared
-    read-only views (one per file, spanning those slices), for the native pins. Nothing before
+    read-only views (one per file, spanning at least those slices), for the native pins. Nothing before
     the model has sampled once: until then staging is not decided, and pinning the whole file
     would hold the model twice while ComfyUI stages it. A file that cannot be mapped (shorter
     than ComfyUI's slices: replaced or truncated on disk) gets a note and no residency."""
@@ -119,7 +119,9 @@ def file_ranges(patcher, record) -> list[tuple[int, int, object]]:
         start = min(offset for offset, _ in slices) // page * page
         end = max(offset + size for offset, size in slices)
         view = record.file_views.get(fd)
-        if view is None or view[1] != start or view[0].len != end - start:
+        # A view that still spans the slices stays: staging one module more moves no other range
+        # (a new view would lock every page again); only a span that grew needs a new one.
+        if view is None or start < view[1] or end > view[1] + view[0].len:
             try:
                 view = (native.map_file(fd, start, end - start), start)
             except ValueError as error:

@@ -15,6 +15,12 @@
 //!   4096 registrations of 1 MiB ran at 5.2 GB/s against 25 GB/s for one large one);
 //! - split regions above `max_region_bytes` (one registration of 512 GiB or more fails on
 //!   driver r580); a single storage above `MAX_ONE_REGISTRATION` is left out;
+//! - read-only memory (a checkpoint's file pages, which only the OS lock takes: a lock call
+//!   costs microseconds, not CUDA's ~0.2 ms) goes in regions of at most
+//!   `max_read_only_region_bytes` with no minimum: a change to one weight's range releases and
+//!   locks again one small region, not the whole file (one 2 GiB region cost 26-40 ms at each
+//!   such change on this dev machine, `bench/probes/event_cost.py`), and no small range is left
+//!   out for its size (the model would never look completely pinned);
 //! - highest priority first.
 
 use std::collections::BTreeMap;
@@ -60,11 +66,21 @@ pub struct Rules {
     pub min_region_bytes: u64,
     /// Whether the backend may take read-only memory (the OS lock may; CUDA must not).
     pub read_only_ok: bool,
+    /// Regions of read-only memory above this are split (at storage boundaries).
+    pub max_read_only_region_bytes: u64,
 }
 
 impl Rules {
     pub fn with_room(room_bytes: u64) -> Rules {
-        Rules { room_bytes, max_region_bytes: 32 << 30, min_region_bytes: 64 << 10, read_only_ok: true }
+        Rules { room_bytes, max_region_bytes: 32 << 30, min_region_bytes: 64 << 10, read_only_ok: true, max_read_only_region_bytes: 64 << 20 }
+    }
+
+    /// (smallest, largest) region of memory of this kind.
+    fn region_bounds(&self, kind: MemoryKind) -> (u64, u64) {
+        match kind {
+            MemoryKind::ReadOnly => (0, self.max_region_bytes.min(self.max_read_only_region_bytes)),
+            _ => (self.min_region_bytes, self.max_region_bytes),
+        }
     }
 }
 
@@ -342,17 +358,18 @@ fn merge_runs(ranges: &[HostRange], accepted: &[usize]) -> Vec<Run> {
 }
 
 /// Step 3: fills the budget run by run, cutting only where no storage straddles, and splits
-/// what is taken into registrations of at most `max_region_bytes` (a single larger storage
-/// gets a registration of its own).
+/// what is taken into registrations of at most the largest region of its kind (a single larger
+/// storage gets a registration of its own).
 fn fill(ranges: &[HostRange], runs: Vec<Run>, rules: &Rules, out: &mut Plan) {
     let mut room = rules.room_bytes;
     for run in runs {
         let skip = |out: &mut Plan, addr: u64, end: u64, reason| out.skipped.push(Skipped { addr, len: end - addr, owner: run.owner, reason });
-        if run.end - run.addr < rules.min_region_bytes {
+        let (min_region, max_region) = rules.region_bounds(run.kind);
+        if run.end - run.addr < min_region {
             skip(out, run.addr, run.end, SkipReason::TooSmall);
             continue;
         }
-        let take_end = run.boundary_within(run.addr, room).filter(|&end| end - run.addr >= rules.min_region_bytes);
+        let take_end = run.boundary_within(run.addr, room).filter(|&end| end - run.addr >= min_region.max(1));
         let Some(take_end) = take_end else {
             skip(out, run.addr, run.end, SkipReason::OverBudget);
             continue;
@@ -365,7 +382,7 @@ fn fill(ranges: &[HostRange], runs: Vec<Run>, rules: &Rules, out: &mut Plan) {
         let mut next_source = 0;
         let mut start = run.addr;
         while start < take_end {
-            let stop = run.boundary_within(start, rules.max_region_bytes).unwrap_or_else(|| run.next_boundary(start)).min(take_end);
+            let stop = run.boundary_within(start, max_region).unwrap_or_else(|| run.next_boundary(start)).min(take_end);
             let mut sources = Vec::new();
             while next_source < run.sources.len() && ranges[run.sources[next_source]].end() <= stop {
                 sources.push(run.sources[next_source]);
@@ -390,7 +407,7 @@ mod tests {
     }
 
     fn rules(room: u64) -> Rules {
-        Rules { room_bytes: room, max_region_bytes: 64 * MIB, min_region_bytes: 64 << 10, read_only_ok: false }
+        Rules { room_bytes: room, max_region_bytes: 64 * MIB, min_region_bytes: 64 << 10, read_only_ok: false, max_read_only_region_bytes: 4 * MIB }
     }
 
     #[test]
@@ -496,6 +513,27 @@ mod tests {
     }
 
     #[test]
+    fn read_only_regions_are_small_and_have_no_minimum() {
+        // A checkpoint's weights, adjacent in the file: 12 of 1 MiB become regions of at most
+        // 4 MiB (these rules), not one of 12; a lone 4 KiB range is still locked.
+        let mut input: Vec<HostRange> = (0..12).map(|i| range(0x1000_0000 + i * MIB, MIB, 1, 0)).collect();
+        input.push(range(0x2000_0000, 4096, 1, 0));
+        for r in &mut input {
+            r.kind = MemoryKind::ReadOnly;
+        }
+        let rules = Rules { read_only_ok: true, ..rules(u64::MAX) };
+        let plan = plan(&input, &[], &rules);
+        assert_eq!(plan.regions.iter().map(|r| r.len).collect::<Vec<_>>(), vec![4 * MIB, 4 * MIB, 4 * MIB, 4096]);
+        assert!(plan.skipped.is_empty());
+        // One weight taken out (ComfyUI stages it): only the region that held it changes.
+        let without_one: Vec<HostRange> = input.iter().enumerate().filter(|&(i, _)| i != 5).map(|(_, r)| *r).collect();
+        let kept: Vec<Pinned> = [0, 2].iter().map(|&i| Pinned { addr: plan.regions[i].addr, len: plan.regions[i].len, owner: Some(1) }).collect();
+        let replanned = super::plan(&without_one, &kept, &rules);
+        assert_eq!(replanned.regions.iter().map(|r| (r.addr - 0x1000_0000, r.len)).collect::<Vec<_>>(),
+                   vec![(4 * MIB, MIB), (6 * MIB, 2 * MIB), (0x1000_0000, 4096)]);
+    }
+
+    #[test]
     fn skip_summaries_group_by_reason() {
         let skipped = [
             Skipped { addr: 0, len: 10, owner: 1, reason: SkipReason::TooSmall },
@@ -507,8 +545,17 @@ mod tests {
     }
 
     fn arb_input() -> impl Strategy<Value = (Vec<HostRange>, Vec<Pinned>, u64)> {
+        // Owner 3's ranges are read-only (a checkpoint's file pages in Viking's views).
         let ranges = proptest::collection::vec((0u64..4096, 1u64..512, 0u64..4, -2i32..3), 0..40).prop_map(|v| {
-            v.into_iter().map(|(page, pages, owner, priority)| range(0x1000_0000 + page * 4096 + owner * 64, pages * 4096 - owner * 8, owner, priority)).collect::<Vec<_>>()
+            v.into_iter()
+                .map(|(page, pages, owner, priority)| {
+                    let mut r = range(0x1000_0000 + page * 4096 + owner * 64, pages * 4096 - owner * 8, owner, priority);
+                    if owner == 3 {
+                        r.kind = MemoryKind::ReadOnly;
+                    }
+                    r
+                })
+                .collect::<Vec<_>>()
         });
         // Non-overlapping live registrations: disjoint slots of 1 MiB.
         let pinned = proptest::collection::btree_map(0u64..20, (1u64..256, proptest::option::of(0u64..4)), 0..6).prop_map(|m| {
@@ -535,8 +582,8 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(crate::fuzz_cases()))]
         #[test]
-        fn plan_invariants((ranges, pinned, room) in arb_input()) {
-            let rules = Rules { room_bytes: room, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok: false };
+        fn plan_invariants((ranges, pinned, room) in arb_input(), read_only_ok in any::<bool>()) {
+            let rules = Rules { room_bytes: room, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok, max_read_only_region_bytes: 1 << 18 };
             let plan = plan(&ranges, &pinned, &rules);
             // Total within budget, and adds up.
             prop_assert!(plan.planned_bytes <= room);
@@ -559,8 +606,10 @@ mod tests {
                 }
                 // Larger than a region only when no storage boundary within the first
                 // max_region_bytes could end it (storages overlap there, or one is that large).
-                if region.len > rules.max_region_bytes {
-                    let limit = region.addr + rules.max_region_bytes;
+                let (min_region, max_region) = rules.region_bounds(region.kind);
+                prop_assert!(region.len >= min_region);
+                if region.len > max_region {
+                    let limit = region.addr + max_region;
                     for &s in &region.sources {
                         let cut = ranges[s].end();
                         let straddled = region.sources.iter().any(|&o| ranges[o].addr < cut && cut < ranges[o].end());
@@ -595,7 +644,7 @@ mod tests {
 
         #[test]
         fn a_model_fills_the_room_up_to_one_storage(model in arb_model(), room_pages in 0u64..3000) {
-            let rules = Rules { room_bytes: room_pages * 4096, max_region_bytes: 1 << 20, min_region_bytes: 4096, read_only_ok: false };
+            let rules = Rules { room_bytes: room_pages * 4096, max_region_bytes: 1 << 20, min_region_bytes: 4096, read_only_ok: false, max_read_only_region_bytes: 1 << 18 };
             let plan = plan(&model, &[], &rules);
             let total: u64 = model.iter().map(|r| r.len).sum();
             if rules.room_bytes >= total {

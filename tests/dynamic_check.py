@@ -108,10 +108,13 @@ checks["residency: the status sees them resident"] = entry["resident_bytes"] == 
 # residency. (dynamic_cpu.stage is a stand-in for ComfyUI's per-module pin record: making real
 # ones needs cudaHostRegister; the GPU bench shows the real staging.)
 linears = list(patcher.model)
+views_before = {fd: (view[0].addr, view[0].len) for fd, view in record.file_views.items()}  # the ledger keeps them mapped
 for module in linears[:5]:
     stage(module)
 staged_bytes = sum(m.weight.nbytes for m in linears[:5])
 staged_ranges = dynamic.file_ranges(patcher, record)
+checks["staging: the view stays (the first modules staged move no other range: no new mapping, nothing locked again)"] = (
+    views_before and {fd: (view[0].addr, view[0].len) for fd, view in record.file_views.items()} == views_before)
 staged_report = json.loads(native.reconcile(record.owner, staged_ranges, backend="auto", label="dynamic residency"))
 del staged_ranges, ranges  # the views they keep alive: only the native ledger holds them now
 checks["staging: modules ComfyUI stages get no residency, the others keep theirs"] = (
