@@ -252,7 +252,9 @@ def swap():
 def event_cost():
     d = load("event_cost_cpu.json")
     return [f"{f(d['reconcile_ms_all_staged'], 1)} ms with ComfyUI's staging holding every module, "
-            f"{f(d['reconcile_ms_none_staged'], 1)} ms with residency for all {d['weights']} weights"]
+            f"{f(d['reconcile_ms_none_staged'], 1)} ms with residency for all {d['weights']} weights",
+            f"an event with one module more staged {f(d['reconcile_ms_one_more_staged'], 1)} ms, of it Viking's native call "
+            f"{f(d['native_reconcile_ms_one_range_fewer'], 1)} ms"]
 
 
 def plan():
