@@ -21,6 +21,8 @@ import sys
 import weakref
 from dataclasses import dataclass, field
 
+from .weights import own_tensors
+
 log = logging.getLogger("viking_engine")
 
 
@@ -543,7 +545,7 @@ def checkpoint_slices(patcher, unstaged_only: bool = False) -> list[tuple[int, i
     for module in patcher.model.modules():
         if unstaged_only and staged(module):
             continue
-        for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
+        for tensor in own_tensors(module):
             storage = tensor.untyped_storage()
             info = getattr(storage, "_comfy_tensor_file_slice", None)
             if info is None or storage.data_ptr() in seen:

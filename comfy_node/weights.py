@@ -26,8 +26,15 @@ def cpu_storage_ranges(tensors: Iterable) -> tuple[list[tuple[int, int, object]]
             pinned_elsewhere.append((ptr, nbytes))
     return ranges, pinned_elsewhere
 
+def own_tensors(module) -> list:
+    """A module's own parameters and buffers (not its children's), read from its two tables:
+    walks over every module run at every ComfyUI event, and torch's parameters() generators
+    were most of such a walk (bench/probes/event_cost.py)."""
+    own = vars(module)
+    return [t for table in (own.get("_parameters") or {}, own.get("_buffers") or {}) for t in table.values() if t is not None]
 
 
 def module_tensors(module) -> list:
-    """Parameters and buffers of a torch module, each once, as plain tensors."""
-    return [t.data if hasattr(t, "data") else t for t in list(module.parameters()) + list(module.buffers())]
+    """Parameters and buffers of a torch module and its children, as plain tensors (a tensor two
+    modules share comes twice: cpu_storage_ranges counts each storage once)."""
+    return [t.data if hasattr(t, "data") else t for child in module.modules() for t in own_tensors(child)]
