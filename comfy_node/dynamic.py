@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 
-from . import comfy, models
+from . import comfy, models, timing
 from .native import native
 
 log = logging.getLogger("viking_engine")
@@ -73,12 +73,13 @@ def _refuse_for(owner: int):
         record = models.get(owner)
         if record is None:
             return False
-        others = []
-        for patcher in comfy.loaded_dynamic_patchers():
-            if comfy.owner_of(patcher) != owner:
-                ram, registered = comfy.staged_bytes(patcher)
-                others.append((_priority_of(patcher), ram if kind == "ram" else registered))
-        return refuses(record.settings.priority, others)
+        with timing.timed("eviction_check"):
+            others = []
+            for patcher in comfy.loaded_dynamic_patchers():
+                if comfy.owner_of(patcher) != owner:
+                    ram, registered = comfy.staged_bytes(patcher)
+                    others.append((_priority_of(patcher), ram if kind == "ram" else registered))
+            return refuses(record.settings.priority, others)
     return refuse
 
 

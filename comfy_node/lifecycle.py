@@ -20,7 +20,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING
 
-from . import comfy, dynamic, gate, home, models, prefetch, vram_cap
+from . import comfy, dynamic, gate, home, models, prefetch, timing, vram_cap
 from . import native as native_module
 from .models import ModelRecord, PinSettings
 from .native import require
@@ -86,20 +86,24 @@ def reconcile(patcher) -> dict | None:
             return record.last_report
         # Weights stay in ComfyUI's mapping and stream through its own staging: no home, no
         # prefetch; Viking pins in place the checkpoint pages staging does not hold (dynamic.py),
-        # from the first sampling on (ON_PRE_RUN sets record.sampled). ComfyUI fires
-        # several events per prompt that move nothing here: the pins are reconciled only when
-        # the model's mapped weights changed (measured on an H200: reconciling, with the status
-        # figures, at every event cost up to 0.2 s a prompt).
+        # from the first sampling on (ON_PRE_RUN sets record.sampled). ComfyUI fires about six
+        # events a prompt that move nothing here, so the model is walked only when ComfyUI's
+        # staging totals (two numbers it keeps) or the model changed, and pinned again only when
+        # the mapped ranges did (measured on an H200: reconciling, with the status figures, at
+        # every event cost up to 0.2 s a prompt; the walk alone took ~3 ms for 780 weights here).
         _drop_streaming(record)
         if record.vram_cap_bytes and dynamic.CAP_NOTE not in record.notes:
             record.notes.append(dynamic.CAP_NOTE)
         dynamic.attach(patcher, record)
-        ranges = dynamic.file_ranges(patcher, record)
-        signature = (gate.pressure_releases,) + tuple((r[0], r[1]) for r in ranges)
         complete = record.last_report is not None and record.last_report.get("pinned_bytes") == record.last_report.get("wanted_bytes")
-        if not complete or signature != record.dynamic_signature:
-            record.last_report = _reconcile_ranges(native, patcher, record, ranges)
-            record.dynamic_signature = signature
+        state = (gate.pressure_releases, record.sampled, comfy.staged_bytes(patcher), id(comfy.torch_model(patcher)))
+        if not complete or state != record.dynamic_state:
+            ranges = dynamic.file_ranges(patcher, record)
+            signature = (gate.pressure_releases,) + tuple((r[0], r[1]) for r in ranges)
+            if not complete or signature != record.dynamic_signature:
+                record.last_report = _reconcile_ranges(native, patcher, record, ranges)
+                record.dynamic_signature = signature
+            record.dynamic_state = state
         dynamic.after_event(patcher, record)
         record.last_report["notes"] = list(record.notes)
         return record.last_report
@@ -177,7 +181,7 @@ def _drop_streaming(record: ModelRecord):
 def _on_event(patcher, *_args):
     # Runs inside ComfyUI's load/unload: an exception here would abort the load, so never raise.
     try:
-        with gate.lock:
+        with timing.timed("event"), gate.lock:
             gate.on_execution_thread()
             reconcile(patcher)
     except Exception as error:  # noqa: BLE001 - logged, never propagated into ComfyUI
@@ -188,7 +192,7 @@ def _on_pre_run(patcher, *_args):
     """Start of sampling: deferred changes go in now, and hook patches registered for this
     run switch home and prefetch off before the first step."""
     try:
-        with gate.lock:
+        with timing.timed("event"), gate.lock:
             gate.on_execution_thread()
             record = record_of(patcher)
             if record is not None:
@@ -237,6 +241,7 @@ def attach(patcher, settings: PinSettings) -> dict | None:
             record = models.put(ModelRecord(owner=owner, settings=settings))
             record.finalizer = weakref.finalize(comfy.torch_model(patcher), _forget_dropped, owner)
         record.settings = settings
+        record.dynamic_state = record.dynamic_signature = ()  # new settings: dynamic mode plans again
         record.patcher = weakref.ref(patcher)
         record.vram_cap_bytes = vram_cap_bytes
         comfy.attach_callbacks(patcher, KEY, _on_event, _on_clone, _on_pre_run)
@@ -323,6 +328,7 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status
     snapshot["comfy"] = {**comfy.host().as_dict(), "pinned_bytes": comfy.comfy_pinned_total() or comfy_total,
                          "pinned_tensors": len(comfy_ranges), "pin_ceiling_bytes": comfy.pin_ceiling()}
     snapshot["native"] = native_module.build_info() if hasattr(native_module, "build_info") else {}
+    snapshot["time_in_viking"] = timing.totals()
     snapshot["deferred_changes"] = gate.deferred()
     snapshot["applied_changes"] = gate.applied()
     return snapshot

@@ -167,6 +167,22 @@ checks["budget below one module: nothing pinned, every weight accounted as over 
 checks["budget below one module: the node says this node's budget_gib left them out"] = "budget_gib" in small_text and "skipped" in small_text
 lifecycle.forget(small_record.owner)
 
+# --- a budget lowered while the model is pinned (the Pin node run again) ----------------------
+# Through ComfyUI's events and the node's path: the new limit gives back what is beyond it at
+# once, also when ComfyUI's staging has not changed since the last event.
+enter_dynamic_mode()
+lowered = mapped_model(checkpoint("lowered_budget.safetensors"), StagingPatcher)
+lowered_settings = dict(label="lowered budget", backend="os-lock", headroom_gib=0.0)
+lifecycle.attach(lowered, lifecycle.PinSettings(**lowered_settings))
+lifecycle._on_pre_run(lowered)
+whole = lifecycle.reconcile(lowered)["pinned_bytes"]
+lifecycle._on_event(lowered)  # an event that changes nothing
+cut = lifecycle.attach(lowered, lifecycle.PinSettings(**lowered_settings, model_limit_gib=24 / 1024))["pinned_bytes"]
+checks[f"budget lowered while pinned: what is beyond it given back at once ({whole >> 20} -> {cut >> 20} MiB)"] = (
+    whole == 64 * MIB and cut == 24 * MIB)
+lifecycle.forget(lifecycle.owner_of(lowered))
+comfy.memory_management.aimdo_enabled = False
+
 # --- a ComfyUI whose dynamic internals differ from 0.33's -------------------------------------
 # A dynamic patcher without the staging calls Viking governs (as a later ComfyUI might have):
 # Viking stands aside for it with the reason, pins nothing, and ComfyUI goes on.
@@ -263,6 +279,51 @@ native.configure(headroom_gib=0.0)
 checks["priority: a model keeps its staging while a lower one has some"] = dynamic.refuses(5, [(0, MIB), (9, MIB)])
 checks["priority: ... and gives when lower ones have none"] = not dynamic.refuses(5, [(0, 0), (9, MIB)])
 checks["priority: the lowest model never refuses"] = not dynamic.refuses(dynamic.UNGOVERNED_PRIORITY, [(0, MIB)])
+
+
+# Through ComfyUI's own calls: a pinned model of priority 5 and a model no Viking node pins, both
+# in ComfyUI's list of loaded models; ComfyUI's eviction asks the pinned one for staging RAM.
+class GivingPatcher(StagingPatcher):
+    staged_ram = 0
+
+    def loaded_ram_size(self):
+        return self.staged_ram
+
+    def partially_unload_ram(self, ram_to_unload, subsets=None):
+        return ram_to_unload  # ComfyUI's own release: gives what it is asked for
+
+
+enter_dynamic_mode()
+kept, other = (GivingPatcher(torch.nn.Linear(8, 8), load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+               for _ in range(2))
+lifecycle.attach(kept, lifecycle.PinSettings(label="priority 5", backend="os-lock", headroom_gib=0.0, priority=5))
+loaded_before = list(mm.current_loaded_models)
+mm.current_loaded_models[:0] = [mm.LoadedModel(kept), mm.LoadedModel(other)]
+checks_before = lifecycle.status()["time_in_viking"].get("eviction_check", {"calls": 0, "seconds": 0.0})
+other.staged_ram = MIB
+refused = kept.partially_unload_ram(MIB)
+other.staged_ram = 0
+given = kept.partially_unload_ram(MIB)
+full = kept.partially_unload_ram(1e32)
+other.staged_ram = MIB
+full_while_other_has_some = kept.partially_unload_ram(1e32)
+checks_after = lifecycle.status()["time_in_viking"]["eviction_check"]
+checks[f"priority through ComfyUI's eviction call: refused while an unpinned model has staging, given when it has none, "
+       f"full releases always pass {(refused, given, full, full_while_other_has_some)}"] = (
+    (refused, given, full, full_while_other_has_some) == (0, MIB, 1e32, 1e32))
+checks[f"status: Viking's time in ComfyUI's eviction calls, counted per decision {checks_after}"] = (
+    checks_after["calls"] == checks_before["calls"] + 2 and checks_after["seconds"] > checks_before["seconds"])
+mm.current_loaded_models[:] = loaded_before
+lifecycle.forget(lifecycle.owner_of(kept))
+comfy.memory_management.aimdo_enabled = False
+
+# --- Viking's own time at ComfyUI's events (the status) ---------------------------------------
+events_before = lifecycle.status()["time_in_viking"].get("event", {"calls": 0, "seconds": 0.0})
+for _ in range(3):
+    lifecycle._on_event(patcher)  # a ComfyUI callback (ON_LOAD, ON_CLEANUP...)
+events_after = lifecycle.status()["time_in_viking"]["event"]
+checks[f"status: Viking's time at ComfyUI's events, counted per call {events_after}"] = (
+    events_after["calls"] == events_before["calls"] + 3 and events_after["seconds"] > events_before["seconds"])
 
 # --- forget -----------------------------------------------------------------------------------
 owner = record.owner
