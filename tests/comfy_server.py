@@ -302,11 +302,15 @@ class ComfyServer:
     def run_prompt(self, api_graph, timeout=300):
         return self.wait_history(self.post_prompt(api_graph), timeout)
 
-    def free(self, unload_models=True, settle=0.5, free_memory=True):
+    def free(self, unload_models=True, settle=0.5, free_memory=True, idle=1.5):
         """POST /free: drop ComfyUI's node-output cache (free_memory) and/or unload the loaded
         models to RAM (unload_models), so the next identical prompt is computed again. ComfyUI
-        applies it asynchronously when its worker is idle (it wakes at once); `settle` seconds of
-        grace before the next post_prompt."""
+        applies it when its worker wakes (at once while it waits for work), but a /free that
+        arrives while the worker runs its garbage collection after a prompt (up to a second or
+        more on a slow machine) wakes nobody and waits for the next prompt (main.py's
+        prompt_worker reads the flags before it collects): so `idle` seconds before, for the
+        collection to end, and `settle` seconds of grace before the next post_prompt."""
+        time.sleep(idle)
         self._request("/free", json.dumps({"free_memory": free_memory, "unload_models": unload_models}).encode())
         time.sleep(settle)
 
