@@ -106,14 +106,6 @@ def write_file(path: Path, size: int, make_block):
         os.fsync(out.fileno())
 
 
-def drop_cache(path: Path):
-    """Drops the file's clean pages (charged to whoever read them last): the next run's reads
-    charge them to its own cgroup."""
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("comfy_dir")
@@ -125,8 +117,9 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--work", default=str(ROOT / ".comfy" / "container_residency"))
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
     import memory_cgroup
+    from server_tools import drop_file_cache
     import safetensors.torch
     import torch
 
@@ -148,8 +141,8 @@ def main():
         with memory_cgroup.limited_cgroup(limit, "viking_bench") as cgroup:
             for _ in range(args.reps):
                 for mode in ("alone", "viking"):
-                    drop_cache(model)
-                    drop_cache(other)
+                    drop_file_cache(model)
+                    drop_file_cache(other)
                     run = subprocess.run([sys.executable, __file__, "--child", args.comfy_dir, str(model), str(other), str(args.other_reads), mode],
                                          preexec_fn=cgroup.join, capture_output=True, text=True, timeout=600)
                     if run.returncode != 0:

@@ -49,7 +49,7 @@ sys.path[:0] = [str(REPO / "tests"), str(BENCH)]
 
 from comfy_server import CACHE_DIR, ComfyServer, comfy_install, prepare_base_dir  # noqa: E402
 from flux_model import arg  # noqa: E402
-from server_tools import Results, bad_lines, hold_vram, run_seconds, status_bytes  # noqa: E402
+from server_tools import Results, bad_lines, drop_file_cache, hold_vram, run_seconds, status_bytes  # noqa: E402
 
 out_path = sys.argv[1]
 depth, free_gib, steps, size = arg("--depth", 19, int), arg("--free-gib", 16.0), arg("--steps", 4, int), arg("--size", 1024, int)
@@ -110,14 +110,6 @@ def model_file(name: str, seed: int) -> Path:
         os.replace(str(path) + ".part", path)
         del model, state
     return path
-
-
-def drop_file_cache(path: Path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 class Iovec(ctypes.Structure):

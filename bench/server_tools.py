@@ -1,11 +1,23 @@
 """What the real-server GPU benches share (bench/gpu_server.py, bench/gpu_dynamic.py): a process
-holding VRAM down, a prompt's run time from ComfyUI's own timestamps, the process's memory, and
-the log lines that must never appear."""
+holding VRAM down, a prompt's run time from ComfyUI's own timestamps, the process's memory, a
+file's page cache dropped, and the log lines that must never appear (bench/container_residency.py
+uses the cache drop too)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+def drop_file_cache(path: Path):
+    """Drops the file's clean pages from the page cache (charged to whoever read them last):
+    the next read charges them to the reader's cgroup and comes from storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
 
 BAD_LOG_LINES = ("Pin error", "Tried to unpin", "CUDA error", "Traceback", "cudaError", "invalid argument")
 

@@ -26,6 +26,7 @@ def cpu_storage_ranges(tensors: Iterable) -> tuple[list[tuple[int, int, object]]
             pinned_elsewhere.append((ptr, nbytes))
     return ranges, pinned_elsewhere
 
+
 def own_tensors(module) -> list:
     """A module's own parameters and buffers (not its children's), read from its two tables:
     walks over every module run at every ComfyUI event, and torch's parameters() generators
