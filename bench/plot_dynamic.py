@@ -1,6 +1,6 @@
-"""Plots bench/results/gpu_dynamic.json, gpu_dynamic_fastdisk.json and gpu_dynamic_two.json:
-seconds per prompt (cold start, five warm, after pressure) and peak RSS / largest PSS per mode,
-ComfyUI 0.33 dynamic VRAM alone and with Viking.
+"""Plots bench/results/gpu_dynamic_rounds_one.json, gpu_dynamic_fastdisk.json and
+gpu_dynamic_rounds.json: seconds per prompt (cold start, five warm, after pressure) and peak RSS /
+largest PSS per server, ComfyUI 0.33 dynamic VRAM alone and with Viking.
 usage: python bench/plot_dynamic.py  (writes bench/results/gpu_dynamic.png)"""
 
 import json
@@ -12,18 +12,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FILES = {"default dynamic mode": "gpu_dynamic.json", "--fast-disk": "gpu_dynamic_fastdisk.json",
-         "two models taking turns": "gpu_dynamic_two.json"}
+FILES = {"default dynamic mode, 3 servers each": "gpu_dynamic_rounds_one.json", "--fast-disk": "gpu_dynamic_fastdisk.json",
+         "two models taking turns, --fast-disk, 3 servers each": "gpu_dynamic_rounds.json"}
 KINDS = {"nodes": "+ Pin Model", "engine": "+ engine mode", "clone": "clone node, no Viking"}
 
 
 def label(mode: str) -> str:
-    base, _, again = mode.partition("#")
-    if base == "static_nodes":
-        return "0.33 static + Pin Model"
+    base, _, server = mode.partition("#")
     kind = next((k for k in KINDS if base.endswith("_" + k)), None)
-    text = KINDS[kind] if kind else "ComfyUI alone" + (" again" if again else "")
-    return ("--fast-disk " if "_fastdisk" in base and "two" in base else "") + text
+    return (KINDS[kind] if kind else "ComfyUI alone") + (f" #{server}" if server else "")
 
 
 fig, axes = plt.subplots(2, 3, figsize=(19, 8))
@@ -40,8 +37,8 @@ for column, (title, name) in enumerate(FILES.items()):
     times.set_xticks(range(1, len(stages) + 1), stages, fontsize=8)
     times.set_ylabel("seconds per prompt")
     times.set_ylim(bottom=0)
-    times.set_title(f"{title}: {'two ' if 'two' in name else ''}{data['model_bytes'] / 1e9:.1f} GB model{'s' if 'two' in name else ''}, {data['free_gib']:.0f} GiB VRAM free, "
-                    f"commit {data['commit']}", fontsize=10)
+    times.set_title(f"{title}\n{'two ' if 'two' in name else ''}{data['model_bytes'] / 1e9:.1f} GB model{'s' if 'two' in name else ''}, "
+                    f"{data['held_vram_bytes'] / 1e9:.1f} GB of VRAM held by another process, commit {data['commit']}", fontsize=10)
     times.legend(fontsize=8)
     width = 0.38
     for index, mode in enumerate(modes):

@@ -93,8 +93,20 @@ part_perf() {
     python3 bench/gpu_perf.py .comfy/ComfyUI "$OUT/gpu_perf.json" --depth 19 --vram-gib 12 --reps 3 2>&1 | tail -40
 }
 
-dynamic_bench() {  # RESULT_FILE MODES
-    python3 bench/gpu_dynamic.py "$OUT/$1" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" --modes "$2" 2>&1 | tail -30
+dynamic_bench() {  # RESULT_FILE MODES (the whole log beside the result: a failed prompt's error is in it)
+    python3 bench/gpu_dynamic.py "$OUT/$1" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" --modes "$2" 2>&1 \
+        | tee "$OUT/${1%.json}.log" | tail -30
+}
+
+# The benches hold all but N GiB of the VRAM free when they start: a server of the previous
+# part that is still exiting would free its memory later and leave them more than N.
+gpu_idle() {
+    command -v nvidia-smi > /dev/null || return 0
+    for _ in $(seq 120); do
+        [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && return 0
+        sleep 0.5
+    done
+    echo "[gpu_check] the GPU still has processes after 60 s: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader)"
 }
 
 # ComfyUI alone runs first and again last (#2): the spread between two fresh servers of one mode.
@@ -121,6 +133,7 @@ case "${1:-}" in
     install)
         install "$2"
         for part in "${@:3}"; do
+            gpu_idle
             started=$SECONDS
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"

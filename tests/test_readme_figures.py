@@ -40,6 +40,8 @@ SOURCES = {
     "gpu_dynamic.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_dynamic_fastdisk.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_dynamic_two.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
+    "gpu_dynamic_rounds.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
+    "gpu_dynamic_rounds_one.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
     "gpu_server_0_33_dynamic.json": NATIVE + SERVER + ["bench/gpu_server.py"],  # the default dynamic VRAM mode
     "container_residency_cpu.json": NATIVE + ["comfy_node", "bench/container_residency.py", "tests/dynamic_cpu.py",
                                               "tests/memory_cgroup.py"],
@@ -208,8 +210,58 @@ def dynamic_fastdisk():
 
 
 def dynamic_two():
-    return (dynamic_table("gpu_dynamic_two.json", "dynamic_two", ["dynamic_two_nodes"])
-            + dynamic_table("gpu_dynamic_two.json", "dynamic_fastdisk_two", ["dynamic_fastdisk_two_nodes", "dynamic_fastdisk_two_engine"]))
+    # its --fast-disk modes: measured again, three servers each, in gpu_dynamic_rounds.json
+    return dynamic_table("gpu_dynamic_two.json", "dynamic_two", ["dynamic_two_nodes"])
+
+
+def viking_ms_per_prompt(prompts) -> list[float]:
+    """Milliseconds Viking spent inside ComfyUI's calls in each prompt (the status's
+    `time_in_viking` counts since the server started)."""
+    totals = [sum(kind["seconds"] for kind in p["time_in_viking"].values()) for p in prompts]
+    return [1000 * (now - before) for before, now in zip([0.0] + totals, totals)]
+
+
+def dynamic_rounds(name, alone, viking):
+    """Three fresh servers per mode, interleaved: per server the cold, warm (median) and
+    after-pressure seconds, and Viking over alone as the ratio of the medians of every prompt of
+    that stage; bytes read after pressure, peak RSS, and Viking's own time per prompt."""
+    modes, rows = load(name)["modes"], dynamic_rows(name)
+
+    def servers(base):
+        return [m for m in modes if m.split("#")[0] == base]
+
+    def median(values):
+        return sorted(values)[len(values) // 2]
+
+    def stage_median(base, stage):
+        return median([p["seconds"] for m in servers(base) for p in modes[m]["prompts"] if p["stage"] == stage])
+
+    def per_server(base, key, text):
+        return " / ".join(text(rows[m][key]) for m in servers(base))
+    out = []
+    for key, label, stage, digits in (("cold", "first prompt, cold start", "cold start", 2),
+                                      ("warm", "warm prompt (median of 5 a server)", "warm", 3),
+                                      ("pressure", "after pressure", "after pressure", 3)):
+        ratio = stage_median(viking, stage) / stage_median(alone, stage)
+        out.append(f"| {label} | {per_server(alone, key, lambda v: f(v, digits))} s | "
+                   f"{per_server(viking, key, lambda v: f(v, digits))} s | {f(ratio, 2)}x |")
+    out.append(f"| read from storage after pressure | {per_server(alone, 'read', lambda v: f(v / 1e6, 0))} MB | "
+               f"{per_server(viking, 'read', lambda v: f(v / 1e6, 0))} MB | |")
+    rss = median([rows[m]["rss"] for m in servers(viking)]) / median([rows[m]["rss"] for m in servers(alone)])
+    out.append(f"| peak RSS | {per_server(alone, 'rss', lambda v: f(v / 1e9, 1))} GB | "
+               f"{per_server(viking, 'rss', lambda v: f(v / 1e9, 1))} GB | {f(rss, 2)}x |")
+    ms = [viking_ms_per_prompt(modes[m]["prompts"]) for m in servers(viking)]
+    out.append(f"| Viking's own time in ComfyUI's calls: first prompt; later prompts, largest | - | "
+               f"{' / '.join(f(first, 0) for first, *_ in ms)} ms; {f(max(max(later) for _, *later in ms), 0)} ms | |")
+    return out
+
+
+def dynamic_rounds_one():
+    return dynamic_rounds("gpu_dynamic_rounds_one.json", "dynamic", "dynamic_nodes")
+
+
+def dynamic_rounds_two():
+    return dynamic_rounds("gpu_dynamic_rounds.json", "dynamic_fastdisk_two", "dynamic_fastdisk_two_nodes")
 
 
 def container():
@@ -264,6 +316,7 @@ def plan():
 FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,
            "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "gpu_dynamic_fastdisk.json": dynamic_fastdisk,
            "gpu_dynamic_two.json": dynamic_two, "gpu_server_0_33_dynamic.json": server_dynamic,
+           "gpu_dynamic_rounds_one.json": dynamic_rounds_one, "gpu_dynamic_rounds.json": dynamic_rounds_two,
            "container_residency_cpu.json": container,
            "event_cost_cpu.json": event_cost, "plan.json": plan,
            "swap_cpu.json": swap}
