@@ -34,6 +34,10 @@ def reconcile(owner: int, ranges: Iterable[Tuple[int, int, Any]], priority: int 
 
 def release(owner: int) -> int: ...
 def release_all() -> int: ...
+def settle(timeout_s: float = 30.0) -> bool:
+    """Waits for the pins made off the caller's thread (read-only file pages); True when done."""
+def deferred_failures() -> int:
+    """How many pins made off the caller's thread have failed so far."""
 def status_json(probe_cuda: bool = False, mark_run: bool = False) -> str:
     """A contract.NativeStatus as JSON."""
 def cuda_device_count() -> int: ...

@@ -34,6 +34,7 @@ class Report(TypedDict):
     backend: Optional[str]
     wanted_bytes: int
     pinned_bytes: int
+    pending_bytes: int  # of pinned_bytes: read-only file pages still being locked off ComfyUI's thread
     newly_pinned_bytes: int
     released_bytes: int
     regions_registered: int
@@ -80,6 +81,7 @@ class OwnerStatus(TypedDict):
     priority: int
     wanted_bytes: int
     pinned_bytes: int
+    pending_bytes: int
     regions: int
     by_backend: dict  # backend name -> bytes
     skipped: List[SkipSummary]
@@ -122,6 +124,7 @@ class NativeStatus(TypedDict):
     policy: Policy
     budget: Budget
     pinned_bytes: int
+    pending_bytes: int
     registrations: int
     owners: List[OwnerStatus]
     cuda: Cuda

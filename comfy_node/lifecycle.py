@@ -96,10 +96,13 @@ def reconcile(patcher) -> dict | None:
             record.notes.append(dynamic.CAP_NOTE)
         dynamic.attach(patcher, record)
         complete = record.last_report is not None and record.last_report.get("pinned_bytes") == record.last_report.get("wanted_bytes")
-        state = (gate.pressure_releases, record.sampled, comfy.staged_bytes(patcher), id(comfy.torch_model(patcher)))
+        # Pins given back under pressure, or a lock that failed off ComfyUI's thread (the native
+        # side locks file pages on its own thread): the next reconcile pins again / reports it.
+        lost = (gate.pressure_releases, native.deferred_failures())
+        state = lost + (record.sampled, comfy.staged_bytes(patcher), id(comfy.torch_model(patcher)))
         if not complete or state != record.dynamic_state:
             ranges = dynamic.file_ranges(patcher, record)
-            signature = (gate.pressure_releases,) + tuple((r[0], r[1]) for r in ranges)
+            signature = lost + tuple((r[0], r[1]) for r in ranges)
             if not complete or signature != record.dynamic_signature:
                 record.last_report = _reconcile_ranges(native, patcher, record, ranges)
                 record.dynamic_signature = signature

@@ -75,6 +75,11 @@ impl Ledger {
         self.entries.values().filter(|e| e.owner == owner).map(Entry::len).sum()
     }
 
+    /// Of `owner_bytes`: pins still being made off the caller's thread.
+    pub fn owner_pending_bytes(&self, owner: u64) -> u64 {
+        self.entries.values().filter(|e| e.owner == owner && e.registration.pending()).map(Entry::len).sum()
+    }
+
     /// Bytes per (owner, backend).
     pub fn totals(&self) -> HashMap<(u64, BackendKind), (u64, usize)> {
         let mut totals = HashMap::new();
@@ -127,7 +132,7 @@ impl Ledger {
             .entries
             .values()
             .filter(|e| e.priority < keep_from_priority)
-            .map(|e| (e.priority, std::u64::MAX - e.addr(), e.len()))
+            .map(|e| (e.priority, u64::MAX - e.addr(), e.len()))
             .collect();
         candidates.sort();
         let mut taken = Vec::new();
@@ -136,7 +141,7 @@ impl Ledger {
             if freed >= bytes {
                 break;
             }
-            if let Some(entry) = self.entries.remove(&(std::u64::MAX - inverted_addr)) {
+            if let Some(entry) = self.entries.remove(&(u64::MAX - inverted_addr)) {
                 freed += len;
                 taken.push(entry);
             }

@@ -117,6 +117,24 @@ fn reconcile(
     guarded(py, || engine().reconcile(request).and_then(|report| to_json(&report)))
 }
 
+/// Waits until the pins made off the caller's thread (read-only file pages; see
+/// backend/deferred.rs) are done, at most `timeout_s` seconds. Returns whether they all are.
+#[pyfunction]
+#[pyo3(signature = (timeout_s = 30.0))]
+fn settle(py: Python<'_>, timeout_s: f64) -> PyResult<bool> {
+    if !(timeout_s.is_finite() && timeout_s >= 0.0) {
+        return Err(VikingError::invalid(format!("timeout_s must be a number of seconds, 0 or more; got {timeout_s}")).into());
+    }
+    guarded(py, || Ok(engine().settle(std::time::Duration::from_secs_f64(timeout_s.min(86_400.0)))))
+}
+
+/// How many pins made off the caller's thread have failed so far (their owner's next
+/// reconcile reports them): a cheap number to notice that one is due.
+#[pyfunction]
+fn deferred_failures() -> u64 {
+    engine().deferred_failures()
+}
+
 /// Releases every pin of `owner`. Returns the bytes released.
 #[pyfunction]
 fn release(py: Python<'_>, owner: u64) -> PyResult<u64> {
@@ -251,6 +269,8 @@ fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reconcile, m)?)?;
     m.add_function(wrap_pyfunction!(release, m)?)?;
     m.add_function(wrap_pyfunction!(release_all, m)?)?;
+    m.add_function(wrap_pyfunction!(settle, m)?)?;
+    m.add_function(wrap_pyfunction!(deferred_failures, m)?)?;
     m.add_function(wrap_pyfunction!(status_json, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(device_pointer, m)?)?;

@@ -25,6 +25,8 @@ pub struct OwnerStatus {
     pub priority: i32,
     pub wanted_bytes: u64,
     pub pinned_bytes: u64,
+    /// Of `pinned_bytes`: pins still being made off the caller's thread (backend/deferred.rs).
+    pub pending_bytes: u64,
     pub regions: usize,
     pub by_backend: BTreeMap<&'static str, u64>,
     pub skipped: Vec<SkipSummary>,
@@ -74,6 +76,8 @@ pub struct Status {
     pub policy: Policy,
     pub budget: Budget,
     pub pinned_bytes: u64,
+    /// Of `pinned_bytes`: pins still being made off the caller's thread.
+    pub pending_bytes: u64,
     pub registrations: usize,
     pub owners: Vec<OwnerStatus>,
     pub cuda: CudaStatus,

@@ -97,6 +97,7 @@ lifecycle._on_pre_run(patcher)  # ComfyUI's ON_PRE_RUN callback: the model sampl
 ranges = dynamic.file_ranges(patcher, record)
 report = json.loads(native.reconcile(record.owner, ranges, backend="auto", label="dynamic residency"))
 checks["residency: every weight's file pages pinned"] = report["pinned_bytes"] == report["wanted_bytes"] == weights_bytes
+native.settle()  # file pages are locked off the caller's thread (src/backend/deferred.rs)
 checks["residency: locked by the OS lock"] = locked_bytes() - before >= weights_bytes
 checks["residency: one shared view of the file beside aimdo's mapping"] = views_of(path) == 2
 pressure(path, patcher)
@@ -119,6 +120,7 @@ staged_report = json.loads(native.reconcile(record.owner, staged_ranges, backend
 del staged_ranges, ranges  # the views they keep alive: only the native ledger holds them now
 checks["staging: modules ComfyUI stages get no residency, the others keep theirs"] = (
     staged_report["pinned_bytes"] == staged_report["wanted_bytes"] == weights_bytes - staged_bytes)
+native.settle()
 checks["staging: the locks follow (the staged modules' pages unlocked)"] = abs(locked_bytes() - before - (weights_bytes - staged_bytes)) < MIB
 for module in linears:
     stage(module)

@@ -36,7 +36,7 @@ def test_report_and_status_match_the_contract():
 
 
 def test_the_check_sees_a_renamed_key():
-    report = {"owner": 1, "backend": None, "wanted_bytes": 0, "pinned_bytes": 0, "newly_pinned_bytes": 0,
+    report = {"owner": 1, "backend": None, "wanted_bytes": 0, "pinned_bytes": 0, "pending_bytes": 0, "newly_pinned_bytes": 0,
               "released_bytes": 0, "regions_registered": 0, "failures": [], "skipped": [], "evicted": [],
               "budget": {"limit_bytes": 0, "pinned_bytes": 0, "room_bytes": 0, "excess_bytes": 0, "headroom_bytes": 0,
                          "bound_by": "user", "terms": [], "reason": "", "renamed": 1}}

@@ -21,7 +21,7 @@ impl FileView {
     #[cfg(unix)]
     pub fn open(fd: i32, offset: u64, len: u64) -> Result<FileView> {
         let page = os::page_size();
-        if offset % page != 0 {
+        if !offset.is_multiple_of(page) {
             return Err(VikingError::invalid(format!("offset {offset} is not a multiple of the page size ({page})")));
         }
         if len == 0 {

@@ -2,6 +2,7 @@
 //! `Registration` that unpins on drop.
 
 pub mod cuda;
+pub mod deferred;
 pub mod faults;
 pub mod file_view;
 pub mod oslock;
@@ -11,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use self::deferred::{Deferred, Locker, PinState};
 use crate::error::Result;
 use crate::memmap::MemoryKind;
 
@@ -83,6 +85,8 @@ pub struct Registration {
     addr: u64,
     len: u64,
     released: bool,
+    /// Set when the pin is made off this thread (deferred.rs): its state there.
+    deferred: Option<Arc<Deferred>>,
 }
 
 impl Registration {
@@ -91,7 +95,30 @@ impl Registration {
     /// sure by holding a reference to its owner next to it.
     pub unsafe fn new(backend: Arc<dyn Backend>, addr: u64, len: u64) -> Result<Registration> {
         backend.pin(addr, len)?;
-        Ok(Registration { backend, addr, len, released: false })
+        Ok(Registration { backend, addr, len, released: false, deferred: None })
+    }
+
+    /// The same, with the pin queued to `locker`'s thread: it holds the range at once (for the
+    /// budget), and its release waits for the pin.
+    ///
+    /// # Safety
+    /// As `new`.
+    pub unsafe fn deferred(backend: Arc<dyn Backend>, addr: u64, len: u64, locker: &Locker) -> Result<Registration> {
+        let deferred = locker.submit(backend.clone(), addr, len)?;
+        Ok(Registration { backend, addr, len, released: false, deferred: Some(deferred) })
+    }
+
+    /// Whether the pin is still queued or being made (a deferred one).
+    pub fn pending(&self) -> bool {
+        self.deferred.as_ref().is_some_and(|d| matches!(d.state(), PinState::Queued | PinState::Pinning))
+    }
+
+    /// Why a deferred pin failed, once it has.
+    pub fn failure(&self) -> Option<String> {
+        match self.deferred.as_ref()?.state() {
+            PinState::Failed(error) => Some(error),
+            _ => None,
+        }
     }
     pub fn addr(&self) -> u64 {
         self.addr
@@ -110,6 +137,9 @@ impl Registration {
             return Ok(());
         }
         self.released = true;
+        if self.deferred.as_ref().is_some_and(|d| !d.settle_for_release()) {
+            return Ok(()); // cancelled before it ran, or it failed: nothing is pinned
+        }
         // SAFETY: this value pinned exactly this range and is the only one to unpin it.
         let result = unsafe { self.backend.unpin(self.addr, self.len) };
         if let Err(error) = &result {

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::Serialize;
 
 use crate::backend::cuda::{self, CudaBackend};
+use crate::backend::deferred::Locker;
 use crate::backend::faults::{FaultState, Faults, Faulty};
 use crate::backend::oslock::OsLock;
 use crate::backend::{Backend, BackendChoice, BackendKind};
@@ -49,6 +50,8 @@ pub struct Report {
     pub backend: Option<BackendKind>,
     pub wanted_bytes: u64,
     pub pinned_bytes: u64,
+    /// Of `pinned_bytes`: pins still being made off the caller's thread (backend/deferred.rs).
+    pub pending_bytes: u64,
     pub newly_pinned_bytes: u64,
     pub released_bytes: u64,
     pub regions_registered: usize,
@@ -160,7 +163,10 @@ impl State {
 }
 
 pub struct Engine {
+    // Before `locker`: the ledger's entries go first, and the worker finishes what they wait for.
     state: Mutex<State>,
+    /// Makes the pins that only keep memory resident (read-only file pages) off the caller's thread.
+    locker: Locker,
     oslock: Option<Arc<OsLock>>,
     faults: Arc<FaultState>,
     /// Whether the pressure monitor releases pins itself (the default), or leaves that to the
@@ -214,10 +220,23 @@ impl Engine {
                 cuda_devicemap: true,
                 cuda: None,
             }),
+            locker: Locker::default(),
             oslock: OsLock::new().ok().map(Arc::new),
             faults: Arc::new(FaultState::default()),
             monitor_releases: AtomicBool::new(true),
         }
+    }
+
+    /// Waits until the pins made off the caller's thread are done, at most `timeout`. Returns
+    /// whether they all are.
+    pub fn settle(&self, timeout: std::time::Duration) -> bool {
+        self.locker.settle(timeout)
+    }
+
+    /// How many pins made off the caller's thread have failed so far; the next reconcile of
+    /// their owner reports them (and tries again).
+    pub fn deferred_failures(&self) -> u64 {
+        self.locker.failures()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{Engine, OwnerRecord, Report, Request, State};
+use crate::backend::deferred::Locker;
 use crate::backend::{Backend, BackendChoice, BackendKind, Registration};
 use crate::budget::{self, Budget};
 use crate::error::{Result, VikingError};
@@ -51,6 +52,7 @@ impl Engine {
         let mappings: Option<Vec<Mapping>> = sys::os::read_self_maps().map(|text| memmap::parse(&text));
 
         let mut state = self.lock();
+        let failed_late = state.take_failed_deferred(request.owner);
         let primary = self.backend_for(&mut state, request.backend)?;
         let fallback = match (request.backend, primary.kind()) {
             (BackendChoice::Auto, BackendKind::Cuda) => self.oslock.clone().map(|b| self.maybe_faulty(b)),
@@ -62,12 +64,34 @@ impl Engine {
         let (budget, evicted, made_room) = state.make_room(&request);
         released_bytes += made_room;
         let plan = state.plan_for(&request, mappings.as_deref(), &budget, backends.read_only_ok());
-        let registered = state.register(&request, &plan, &backends);
+        let mut registered = state.register(&request, &plan, &backends, &self.locker);
+        for (text, bytes) in failed_late {
+            registered.failures.push(text);
+            registered.failed_bytes += bytes;
+        }
         Ok(state.record(request, budget, plan, registered, released_bytes, evicted, backends.primary.kind()))
     }
 }
 
 impl State {
+    /// Before step 1: the owner's pins made off the thread that failed since its last call
+    /// leave the ledger (nothing is pinned there) as failures of this call, and are planned
+    /// again like any missing range. Returns (text, bytes) per failure.
+    fn take_failed_deferred(&mut self, owner: u64) -> Vec<(String, u64)> {
+        let failed = self.ledger.take_where(|e| e.owner == owner && e.registration.failure().is_some());
+        let mut out = Vec::new();
+        for entry in failed {
+            let text = format!("{:#x}+{}: {}", entry.addr(), entry.len(), entry.registration.failure().unwrap_or_default());
+            // As a pin that fails on the caller's thread: a failure, not a registration.
+            self.counters.registrations = self.counters.registrations.saturating_sub(1);
+            self.counters.failures += 1;
+            let label = self.label_of(owner);
+            self.event(format!("pin failed for '{label}': {text}"));
+            out.push((text, entry.len()));
+        }
+        out
+    }
+
     /// Step 1: releases this owner's pins that lie outside what is wanted now, and what is
     /// beyond a model limit lowered since the last call. Returns the bytes released.
     fn release_unwanted(&mut self, request: &Request) -> u64 {
@@ -138,13 +162,23 @@ impl State {
     }
 
     /// Step 4: registers region by region. A failed region is reported; the rest goes on.
-    fn register(&mut self, request: &Request, plan: &Plan, backends: &Backends) -> Registered {
+    /// Read-only memory (a checkpoint's file pages) is pinned off this thread: that pin only
+    /// keeps the pages resident, and faulting them all in is what takes the time.
+    fn register(&mut self, request: &Request, plan: &Plan, backends: &Backends, locker: &Locker) -> Registered {
         let mut done = Registered::default();
         for region in &plan.regions {
             let keepalive = region.sources.iter().map(|&s| request.ranges[s].2.clone()).collect();
+            let backend = backends.for_kind(region.kind);
             // SAFETY: the entry holds `keepalive`, which keeps the region's memory mapped for
-            // as long as the registration lives.
-            match unsafe { Registration::new(backends.for_kind(region.kind), region.addr, region.len) } {
+            // as long as the registration lives (a deferred one's release waits for its pin).
+            let registration = unsafe {
+                if region.kind == MemoryKind::ReadOnly {
+                    Registration::deferred(backend, region.addr, region.len, locker)
+                } else {
+                    Registration::new(backend, region.addr, region.len)
+                }
+            };
+            match registration {
                 Ok(registration) => {
                     let entry = Entry { registration, keepalive, owner: request.owner, priority: request.priority };
                     if let Err(error) = self.ledger.insert(entry) {
@@ -186,6 +220,7 @@ impl State {
             backend: Some(backend),
             wanted_bytes,
             pinned_bytes: self.ledger.owner_bytes(owner),
+            pending_bytes: self.ledger.owner_pending_bytes(owner),
             newly_pinned_bytes: registered.bytes,
             released_bytes,
             regions_registered: registered.regions,

@@ -175,3 +175,60 @@ fn our_own_pins_passed_back_as_foreign_are_not_counted_as_others() {
     drop(keep_b);
     engine.release_all();
 }
+
+/// A checkpoint's file pages (read-only memory) are locked off the caller's thread: the
+/// reconcile holds them at once, the lock follows, a release waits for it, and a lock that
+/// fails there is reported by the owner's next reconcile, which tries again.
+#[test]
+#[cfg(target_os = "linux")]
+fn read_only_file_pages_are_locked_off_the_callers_thread() {
+    use crate::backend::file_view::FileView;
+    use std::io::Write;
+    use std::os::unix::io::AsRawFd;
+
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let path = std::env::temp_dir().join(format!("viking_deferred_{}", std::process::id()));
+    std::fs::File::create(&path).unwrap().write_all(&vec![3u8; 16 * MIB]).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let view = FileView::open(file.as_raw_fd(), 0, 16 * MIB as u64).unwrap();
+    let (addr, len) = (view.addr(), view.len());
+    let keep: Keepalive = Arc::new(view);
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    let before = locked_kib();
+
+    let report = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
+    assert_eq!((report.pinned_bytes, report.newly_pinned_bytes), (len, len), "held at once: {report:?}");
+    assert!(engine.settle(std::time::Duration::from_secs(30)));
+    assert!(locked_kib() >= before + 16 * 1024, "locked by the worker");
+    assert_eq!(engine.status(false, false).pending_bytes, 0);
+    assert_eq!(engine.release_owner(1), len);
+    assert!(locked_kib() <= before + 8, "unlocked on release");
+
+    // The next pin fails on the worker: nothing is locked, and the next reconcile says so
+    // and locks it again.
+    let failures_before = engine.deferred_failures();
+    engine.set_faults(Faults { fail_pin_nth: 1, ..Faults::default() });
+    let report = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert!(engine.settle(std::time::Duration::from_secs(30)));
+    assert_eq!(engine.deferred_failures(), failures_before + 1);
+    assert!(locked_kib() <= before + 8);
+    engine.set_faults(Faults::default());
+    let again = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
+    assert_eq!((again.failures.len(), again.newly_pinned_bytes, again.pinned_bytes), (1, len, len), "{again:?}");
+    assert!(engine.settle(std::time::Duration::from_secs(30)));
+    assert!(locked_kib() >= before + 16 * 1024);
+    let counters = engine.lock().counters;
+    assert_eq!((counters.registrations, counters.failures), (2, 1), "a failed lock counts as a failure, not a registration");
+
+    // Released while its lock may still be queued or under way: it waits or cancels, and
+    // nothing stays locked.
+    engine.release_owner(1);
+    engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
+    engine.release_all();
+    assert!(engine.settle(std::time::Duration::from_secs(30)));
+    assert!(locked_kib() <= before + 8, "nothing left locked");
+    drop(keep);
+    std::fs::remove_file(path).unwrap();
+}

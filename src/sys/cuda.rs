@@ -114,7 +114,7 @@ pub unsafe fn host_unregister(addr: usize) -> Result<()> {
 pub fn host_device_pointer(addr: usize) -> Result<u64> {
     let mut device_pointer = 0;
     check("cuMemHostGetDevicePointer", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_pointer, addr as *mut c_void, 0) })?;
-    Ok(device_pointer as u64)
+    Ok(device_pointer)
 }
 
 /// Waits for all work of the current context (every stream, PyTorch's too).
