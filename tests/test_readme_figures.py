@@ -306,7 +306,8 @@ def event_cost():
     return [f"{f(d['reconcile_ms_all_staged'], 1)} ms with ComfyUI's staging holding every module, "
             f"{f(d['reconcile_ms_none_staged'], 1)} ms with residency for all {d['weights']} weights",
             f"an event with one module more staged {f(d['reconcile_ms_one_more_staged'], 1)} ms, of it Viking's native call "
-            f"{f(d['native_reconcile_ms_one_range_fewer'], 1)} ms"]
+            f"{f(d['native_reconcile_ms_one_range_fewer'], 1)} ms",
+            f"the event that first locks its file pages {f(d['residency_first_lock_ms'], 1)} ms"]
 
 
 def plan():
