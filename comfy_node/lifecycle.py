@@ -95,15 +95,15 @@ def reconcile(patcher) -> dict | None:
         if record.vram_cap_bytes and dynamic.CAP_NOTE not in record.notes:
             record.notes.append(dynamic.CAP_NOTE)
         dynamic.attach(patcher, record)
-        complete = record.last_report is not None and record.last_report.get("pinned_bytes") == record.last_report.get("wanted_bytes")
         # Pins given back under pressure, or a lock that failed off ComfyUI's thread (the native
         # side locks file pages on its own thread): the next reconcile pins again / reports it.
         lost = (gate.pressure_releases, native.deferred_failures())
         state = lost + (record.sampled, comfy.staged_bytes(patcher), id(comfy.torch_model(patcher)))
-        if not complete or state != record.dynamic_state:
+        more_fits = _budget_may_fit_more(native, record)
+        if more_fits or state != record.dynamic_state:
             ranges = dynamic.file_ranges(patcher, record)
             signature = lost + tuple((r[0], r[1]) for r in ranges)
-            if not complete or signature != record.dynamic_signature:
+            if more_fits or signature != record.dynamic_signature:
                 record.last_report = _reconcile_ranges(native, patcher, record, ranges)
                 record.dynamic_signature = signature
             record.dynamic_state = state
@@ -131,6 +131,24 @@ def reconcile(patcher) -> dict | None:
     for failure in report["failures"]:
         log.warning("Viking Engine: a pin failed for %s: %s", settings.label, failure)
     return report
+
+
+# A model the budget left incomplete is planned again only once the shared budget has this much
+# more room than at its last plan (one read-only region; src/plan.rs): the budget follows
+# available RAM, which drifts a little between any two events.
+ROOM_STEP_BYTES = 64 << 20
+
+
+def _budget_may_fit_more(native, record: ModelRecord) -> bool:
+    """Whether a plan now could pin more of this model than its last one (dynamic mode): never
+    planned, or left incomplete and the budget has grown (or is exceeded) since."""
+    last = record.last_report
+    if last is None or "budget" not in last:
+        return True
+    if last.get("pinned_bytes") == last.get("wanted_bytes"):
+        return False
+    budget = json.loads(native.budget_json())["budget"]
+    return budget["excess_bytes"] > 0 or budget["room_bytes"] >= last["budget"]["room_bytes"] + ROOM_STEP_BYTES
 
 
 def _note_hooks(record: ModelRecord, patcher):

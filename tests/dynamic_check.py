@@ -182,6 +182,21 @@ lifecycle._on_event(lowered)  # an event that changes nothing
 cut = lifecycle.attach(lowered, lifecycle.PinSettings(**lowered_settings, model_limit_gib=24 / 1024))["pinned_bytes"]
 checks[f"budget lowered while pinned: what is beyond it given back at once ({whole >> 20} -> {cut >> 20} MiB)"] = (
     whole == 64 * MIB and cut == 24 * MIB)
+# Now incomplete (24 of 64 MiB): events that change nothing plan nothing (the budget's room has
+# not grown), and a staging change still does.
+plans = []
+plan_for_real = lifecycle._reconcile_ranges
+lifecycle._reconcile_ranges = lambda *args, **kwargs: plans.append(1) or plan_for_real(*args, **kwargs)
+try:
+    for _ in range(5):
+        lifecycle._on_event(lowered)
+    unchanged_plans = len(plans)
+    stage(list(lowered.model)[-1])
+    lifecycle._on_event(lowered)
+finally:
+    lifecycle._reconcile_ranges = plan_for_real
+checks[f"an incomplete model is planned again only when something changed ({unchanged_plans} plans at 5 idle events, "
+       f"{len(plans) - unchanged_plans} at a staging change)"] = unchanged_plans == 0 and len(plans) == 1
 lifecycle.forget(lifecycle.owner_of(lowered))
 comfy.memory_management.aimdo_enabled = False
 

@@ -22,4 +22,4 @@ def test_dynamic_mode_parts_without_a_gpu(tmp_path):
     checks = json.loads(run.stdout[run.stdout.index("{"):])
     failed = [name for name, ok in checks.items() if not ok]
     assert not failed and run.returncode == 0, (failed, run.stderr[-2000:])
-    assert len(checks) == 33, checks
+    assert len(checks) == 34, checks
