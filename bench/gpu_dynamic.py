@@ -17,6 +17,7 @@ Modes, each a fresh server, named by what they add to "dynamic" (ComfyUI alone):
             sampler on each, the second refining the first's latent, as Wan 2.2's two experts
             or a base + refiner graph do): each model's turn gives the other's VRAM slots
             away; compared with dynamic[_fastdisk]_two alone
+  static    --disable-dynamic-vram alone: ComfyUI's static path at the same VRAM
   static_nodes  --disable-dynamic-vram with the node: the cross-check
   #N        the same mode again, a later fresh server (ComfyUI alone twice: the noise floor
             between servers)
@@ -262,12 +263,22 @@ holder, held = hold_vram(free_gib) if not cpu else (None, 0)
 result["held_vram_bytes"] = held
 try:
     for mode in modes:
-        run_mode(mode, paths if "_two" in mode else paths[:1])
+        try:
+            run_mode(mode, paths if "_two" in mode else paths[:1])
+        except Exception as error:  # noqa: BLE001 - recorded; the other modes still run
+            # The head holds the failing node's exception (ComfyError), the tail ComfyUI's log.
+            text = f"{type(error).__name__}: {error}"
+            result["modes"][mode] = dict(prompts=[], error=text if len(text) <= 6000 else text[:3000] + "\n...\n" + text[-3000:])
+            save()
+            print(mode, "failed:", text[:3000], flush=True)
 finally:
     if holder is not None:
         holder.kill()
 
-rows = result["modes"]
+failed = {mode: row["error"] for mode, row in result["modes"].items() if "error" in row}
+for mode, text in failed.items():
+    check(False, f"{mode}: every prompt ran: {' '.join(text.splitlines()[:2])[:300]}")  # ComfyError: its node's exception
+rows = {mode: row for mode, row in result["modes"].items() if mode not in failed}
 for mode, row in rows.items():
     hashes = [p["latent"] for p in row["prompts"]]
     # ComfyUI alone in the default dynamic mode where this file has it (--fast-disk must not change a latent either)

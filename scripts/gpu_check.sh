@@ -110,7 +110,7 @@ gpu_idle() {
 }
 
 # ComfyUI alone runs first and again last (#2): the spread between two fresh servers of one mode.
-part_dynamic() { dynamic_bench gpu_dynamic.json dynamic,dynamic_nodes,dynamic_clone,dynamic_engine,static_nodes,dynamic#2; }
+part_dynamic() { dynamic_bench gpu_dynamic.json dynamic,dynamic_nodes,dynamic_clone,dynamic_engine,static,static_nodes,dynamic#2; }
 part_fastdisk() { dynamic_bench gpu_dynamic_fastdisk.json dynamic_fastdisk,dynamic_fastdisk_nodes,dynamic_fastdisk_engine; }
 part_two() {
     dynamic_bench gpu_dynamic_two.json dynamic_two,dynamic_two_nodes,dynamic_fastdisk_two,dynamic_fastdisk_two_nodes,dynamic_fastdisk_two_engine

@@ -69,7 +69,9 @@ app.registerExtension({
         const swapped = owner.swapped_bytes ? `, ${human(owner.swapped_bytes)} swapped` : "";
         const vram = owner.vram_bytes ? `, ${human(owner.vram_bytes)} in VRAM` : "";
         const home = owner.home_bytes ? ` (pinned home ${human(owner.home_bytes)})` : "";
-        const line = row(panel, "viking-owner", `  ${owner.label || owner.owner}: ${human(owner.pinned_bytes)} pinned (${backends})${swapped}${vram}${home}`);
+        // file pages still being locked on Viking's own thread (counted as pinned already)
+        const pending = owner.pending_bytes ? `, ${human(owner.pending_bytes)} of it still locking` : "";
+        const line = row(panel, "viking-owner", `  ${owner.label || owner.owner}: ${human(owner.pinned_bytes)} pinned (${backends})${pending}${swapped}${vram}${home}`);
         line.dataset.owner = String(owner.owner);
         line.dataset.pinnedBytes = String(owner.pinned_bytes);
         line.dataset.label = owner.label;
