@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+
 def drop_file_cache(path: Path):
     """Drops the file's clean pages from the page cache (charged to whoever read them last):
     the next read charges them to the reader's cgroup and comes from storage."""

@@ -78,6 +78,13 @@ impl Deferred {
     }
 }
 
+/// One queued pin less (done, cancelled or never sent); wakes `settle`.
+fn done_one(outstanding: &(Mutex<usize>, Condvar)) {
+    let (count, idle) = outstanding;
+    *count.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+    idle.notify_all();
+}
+
 struct Job {
     deferred: Arc<Deferred>,
     backend: Arc<dyn Backend>,
@@ -112,7 +119,7 @@ impl Locker {
             return Ok(deferred);
         }
         *sender = None; // the worker is gone: the next submit starts another
-        self.done_one();
+        done_one(&self.outstanding);
         Err(VikingError::Internal("the deferred-pin worker stopped".into()))
     }
 
@@ -133,20 +140,11 @@ impl Locker {
                         }
                         job.deferred.finish(result);
                     }
-                    let (count, idle) = &*outstanding;
-                    let mut count = count.lock().unwrap_or_else(|p| p.into_inner());
-                    *count -= 1;
-                    idle.notify_all();
+                    done_one(&outstanding);
                 }
             })
             .map_err(|error| VikingError::Internal(format!("cannot start the deferred-pin worker: {error}")))?;
         Ok(sender)
-    }
-
-    fn done_one(&self) {
-        let (count, idle) = &*self.outstanding;
-        *count.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
-        idle.notify_all();
     }
 
     /// Waits until every queued pin is done, at most `timeout`. Returns whether none is left.

@@ -79,13 +79,13 @@ impl State {
     /// again like any missing range. Returns (text, bytes) per failure.
     fn take_failed_deferred(&mut self, owner: u64) -> Vec<(String, u64)> {
         let failed = self.ledger.take_where(|e| e.owner == owner && e.registration.failure().is_some());
+        let label = self.label_of(owner);
         let mut out = Vec::new();
         for entry in failed {
             let text = format!("{:#x}+{}: {}", entry.addr(), entry.len(), entry.registration.failure().unwrap_or_default());
             // As a pin that fails on the caller's thread: a failure, not a registration.
             self.counters.registrations = self.counters.registrations.saturating_sub(1);
             self.counters.failures += 1;
-            let label = self.label_of(owner);
             self.event(format!("pin failed for '{label}': {text}"));
             out.push((text, entry.len()));
         }

@@ -63,15 +63,12 @@ impl Engine {
             }
         }
 
-        for entry in state.ledger.entries().filter(|e| e.registration.pending()) {
-            if let Some(owner) = owners.get_mut(&entry.owner) {
-                owner.pending_bytes += entry.len();
-            }
-        }
-
         for entry in state.ledger.entries() {
             let swapped = sys::os::residency(entry.addr(), entry.len()).map(|(_, swapped)| swapped);
             if let Some(owner) = owners.get_mut(&entry.owner) {
+                if entry.registration.pending() {
+                    owner.pending_bytes += entry.len();
+                }
                 owner.pinned_swapped_bytes = match (owner.pinned_swapped_bytes, swapped) {
                     (_, None) => None,
                     (total, Some(bytes)) => Some(total.unwrap_or(0) + bytes),
@@ -109,7 +106,7 @@ impl Engine {
             memory,
             policy: state.policy,
             pinned_bytes,
-            pending_bytes: state.ledger.entries().filter(|e| e.registration.pending()).map(|e| e.len()).sum(),
+            pending_bytes: owners.values().map(|o| o.pending_bytes).sum(),
             registrations: state.ledger.entries().count(),
             owners: owners.into_values().collect(),
             cuda,
