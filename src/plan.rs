@@ -206,10 +206,24 @@ impl Run {
         below.checked_sub(1).map(|i| self.cuts[i]).filter(|&c| c > from)
     }
 
-    /// The nearest place after `from` where the run may end.
-    fn next_boundary(&self, from: u64) -> u64 {
-        let after = self.cuts.partition_point(|&c| c <= from);
-        self.cuts.get(after).copied().unwrap_or(self.end)
+    /// Where the registration that starts at `start` ends, when what is taken of this run ends
+    /// at `take_end`: the furthest cut at most `max_region` on, else the nearest one beyond.
+    /// No piece may be shorter than `min_region`, neither this one nor what it leaves; a tail
+    /// that would be joins this registration. `take_end - start` is at least `min_region`.
+    fn split_point(&self, start: u64, take_end: u64, min_region: u64, max_region: u64) -> u64 {
+        if take_end - start <= max_region {
+            return take_end;
+        }
+        // Cuts that leave this piece and the rest each at least min_region long.
+        let (lowest, highest) = (start.saturating_add(min_region.max(1)), take_end.saturating_sub(min_region));
+        let first = self.cuts.partition_point(|&c| c < lowest);
+        let last = self.cuts.partition_point(|&c| c <= highest);
+        let usable = self.cuts.get(first..last).unwrap_or(&[]);
+        let reach = start.saturating_add(max_region);
+        match usable.partition_point(|&c| c <= reach) {
+            0 => usable.first().copied().unwrap_or(take_end),
+            within => usable[within - 1],
+        }
     }
 }
 
@@ -382,7 +396,7 @@ fn fill(ranges: &[HostRange], runs: Vec<Run>, rules: &Rules, out: &mut Plan) {
         let mut next_source = 0;
         let mut start = run.addr;
         while start < take_end {
-            let stop = run.boundary_within(start, max_region).unwrap_or_else(|| run.next_boundary(start)).min(take_end);
+            let stop = run.split_point(start, take_end, min_region, max_region);
             let mut sources = Vec::new();
             while next_source < run.sources.len() && ranges[run.sources[next_source]].end() <= stop {
                 sources.push(run.sources[next_source]);
@@ -408,6 +422,27 @@ mod tests {
 
     fn rules(room: u64) -> Rules {
         Rules { room_bytes: room, max_region_bytes: 64 * MIB, min_region_bytes: 64 << 10, read_only_ok: false, max_read_only_region_bytes: 4 * MIB }
+    }
+
+    /// Found by the fuzz run: splitting a run at its largest region left a 4 KiB tail, one
+    /// registration smaller than the smallest allowed. A short tail joins the piece before it.
+    #[test]
+    fn a_short_tail_joins_the_region_before_it() {
+        let rules = Rules { room_bytes: 1_404_928, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok: false, max_read_only_region_bytes: 1 << 18 };
+        let ranges = [range(0x1000_0000, 1_400_832, 0, 0), range(0x1000_0000 + 1_400_832, 4096, 0, 0)];
+        let plan = plan(&ranges, &[], &rules);
+        assert_eq!(plan.regions.len(), 1);
+        assert_eq!((plan.regions[0].addr, plan.regions[0].len, plan.regions[0].sources.clone()), (0x1000_0000, 1_404_928, vec![0, 1]));
+    }
+
+    /// ... and a short storage before a large one is not cut off into a registration of its own.
+    #[test]
+    fn a_short_head_joins_the_region_after_it() {
+        let rules = Rules { room_bytes: 64 * MIB, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok: false, max_read_only_region_bytes: 1 << 18 };
+        let ranges = [range(0x1000_0000, 4096, 0, 0), range(0x1000_1000, 2 << 20, 0, 0), range(0x1020_1000, 1 << 20, 0, 0)];
+        let plan = plan(&ranges, &[], &rules);
+        let pieces: Vec<(u64, u64)> = plan.regions.iter().map(|r| (r.addr, r.len)).collect();
+        assert_eq!(pieces, vec![(0x1000_0000, 4096 + (2 << 20)), (0x1020_1000, 1 << 20)]);
     }
 
     #[test]
@@ -605,15 +640,17 @@ mod tests {
                     prop_assert!(ranges[s].addr >= region.addr && ranges[s].end() <= region.addr + region.len);
                 }
                 // Larger than a region only when no storage boundary within the first
-                // max_region_bytes could end it (storages overlap there, or one is that large).
+                // max_region_bytes could end it (storages overlap there, or one is that large,
+                // or a cut there leaves a piece shorter than min_region_bytes).
                 let (min_region, max_region) = rules.region_bounds(region.kind);
-                prop_assert!(region.len >= min_region);
+                prop_assert!(region.len >= min_region, "region {:?} shorter than {}", region, min_region);
                 if region.len > max_region {
-                    let limit = region.addr + max_region;
+                    let (limit, end) = (region.addr + max_region, region.addr + region.len);
                     for &s in &region.sources {
                         let cut = ranges[s].end();
                         let straddled = region.sources.iter().any(|&o| ranges[o].addr < cut && cut < ranges[o].end());
-                        prop_assert!(cut > limit || straddled || cut == region.addr + region.len, "region {:?} could have been cut at {}", region, cut);
+                        let leaves_a_short_piece = cut - region.addr < min_region || end - cut < min_region;
+                        prop_assert!(cut > limit || straddled || cut == end || leaves_a_short_piece, "region {:?} could have been cut at {}", region, cut);
                     }
                 }
                 // Never over a live registration.
