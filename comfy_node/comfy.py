@@ -203,6 +203,37 @@ def offload_buffer_bytes(patcher) -> int:
     return int(getattr(patcher.model, "model_offload_buffer_memory", 0) or 0)
 
 
+def release_cast_buffers(device) -> int:
+    """Frees the VRAM ComfyUI's own streaming copies land in on `device`, while a prefetcher
+    serves every streamed layer; returns the bytes freed.
+
+    ComfyUI 0.33 keeps one cast buffer per offload stream (model_management.STREAM_CAST_BUFFERS),
+    grown to the largest layer it copied; in static mode nothing frees them between steps or
+    prompts. Its lowvram split reserves room for one streaming buffer, so the prefetch window
+    beside them would be that room twice over. Freed as ComfyUI frees them itself after each
+    node in dynamic mode (reset_cast_buffers): the device idle first, the largest-weight marker
+    cleared with them (get_cast_buffer refuses a buffer for the marked weight otherwise); a
+    layer ComfyUI copies later gets a new one. 0.3.75 has no such buffers: 0."""
+    mm = _model_management()
+    buffers = getattr(mm, "STREAM_CAST_BUFFERS", None)
+    if not isinstance(buffers, dict) or not buffers or not isinstance(getattr(mm, "LARGEST_CASTED_WEIGHT", None), tuple):
+        return 0
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    held = [stream for stream, buffer in buffers.items() if buffer.device == torch.device("cuda", index)]
+    if not held:
+        return 0
+    torch.cuda.synchronize(index)  # their last copies, and the compute that read them, are done
+    freed = sum(buffers.pop(stream).nbytes for stream in held)
+    mm.LARGEST_CASTED_WEIGHT = (None, 0)
+    torch.cuda.empty_cache()  # cached in the offload streams' pools, the compute stream cannot use it
+    return freed
+
+
 def streamed_modules(model) -> list:
     """Modules whose weights ComfyUI casts (streams) to the device at each use, with plain CPU
     tensors for weight and bias (quantized / fp8-scaled weights keep ComfyUI's own path)."""

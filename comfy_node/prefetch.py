@@ -15,7 +15,8 @@ and back at RAM right after. The copy stream waits for each layer's compute befo
 that layer's memory, so at most `window_bytes` of copies are in VRAM at once.
 
 VRAM accounting: the window takes the place of the buffer ComfyUI reserves for streaming this
-model (`model_offload_buffer_memory`; its own copies are no longer made). It grows beyond that
+model (`model_offload_buffer_memory`; its own copies are no longer made, and the buffers 0.33
+keeps for them are freed once the prefetcher has a plan: comfy.release_cast_buffers). It grows beyond that
 only out of VRAM ComfyUI had granted this model's weights and a Viking VRAM cap held back (the
 "surplus"), and only if that much is free: never out of the room ComfyUI keeps for activations
 (measured: taking free VRAM at load time instead runs the step out of memory when VRAM is
@@ -45,8 +46,8 @@ log = logging.getLogger("viking_engine")
 
 
 class CudaCopies:
-    """The four CUDA operations the prefetcher needs, in one place (tests put a CPU stand-in
-    here to check the bookkeeping without a GPU; the GPU runs are in bench/)."""
+    """The CUDA operations the prefetcher needs, in one place (tests put a CPU stand-in here to
+    check the bookkeeping without a GPU; the GPU runs are in bench/)."""
 
     def __init__(self, device):
         import torch
@@ -71,6 +72,10 @@ class CudaCopies:
 
     def compute_waits_for(self, event):
         self.torch.cuda.current_stream(self.device).wait_event(event)
+
+    def take_over_streaming(self) -> int:
+        """Frees ComfyUI's own streaming buffers (its copies are no longer made); bytes freed."""
+        return comfy.release_cast_buffers(self.device)
 
     def copies_wait_for_compute(self):
         """Later copies start only after the compute queued so far."""
@@ -97,6 +102,7 @@ class Prefetcher:
         self.swapped: dict[int, tuple] = {}  # module index -> (cpu weight, cpu bias, nbytes)
         self.copies = copies or CudaCopies(device)
         self.copied_bytes = 0
+        self.released_bytes = 0  # of ComfyUI's own streaming buffers, freed while prefetching
         self.failed = None
         self.extra_bytes = extra_bytes  # of window_bytes, beyond ComfyUI's own streaming buffer
         self.stand_aside = stand_aside  # asked at each step: True lets ComfyUI stream alone
@@ -149,6 +155,10 @@ class Prefetcher:
         if self.standing_aside:
             self.idle()
             return
+        if self.plan:
+            # Every streamed layer is copied here from now on: ComfyUI's buffers for its own
+            # copies (made in a step without a plan) give their VRAM back to the window.
+            self.released_bytes += self.copies.take_over_streaming()
         self._issue()
 
     def _end_step(self, _root, _args, _output):
@@ -290,7 +300,8 @@ def summary(record) -> dict | None:
     if current is None:
         return None
     return {"streamed_layers": len(current.modules), "window_bytes": current.window_bytes, "extra_bytes": current.extra_bytes,
-            "copied_bytes": current.copied_bytes, "planned_layers": len(current.plan), "failed": current.failed}
+            "copied_bytes": current.copied_bytes, "planned_layers": len(current.plan), "failed": current.failed,
+            "released_comfy_buffer_bytes": current.released_bytes}
 
 
 def drop(record):

@@ -3,7 +3,9 @@ elsewhere): the same bench scripts whose H200 figures are in bench/results/, at 
 - comfy_home.py: forward passes bit-identical to ComfyUI alone across load / partial unload /
   unload / LoRA load / reload; weights come home in their original storage; fallback cases.
 - comfy_vram_cap.py: at each cap the weights stay under it, the prefetch ran (copies made along
-  a recorded plan) and every output is bit-identical to the uncapped one."""
+  a recorded plan) and every output is bit-identical to the uncapped one.
+- cast_buffers_check.py: ComfyUI 0.33's own streaming buffers, freed by the seam once the
+  prefetch serves every streamed layer, and made again by ComfyUI after."""
 
 import json
 import os
@@ -13,7 +15,8 @@ import sys
 
 import pytest
 
-from comfy_server import COMFY_DIR, REPO_ROOT
+from comfy_server import COMFY_DIR, REPO_ROOT, comfy_install, comfy_unavailable
+from conftest import TESTS
 
 
 def _cuda():
@@ -52,3 +55,17 @@ def test_prefetch_under_a_cap_on_gpu(tmp_path):
     assert result["ok"] and run.returncode == 0, result["rows"]
     viking = [r for r in result["rows"] if r["mode"] == "viking"]
     assert viking and all(r["prefetch"]["copied_bytes"] > 0 and r["prefetch"]["failed"] is None for r in viking), viking
+
+
+def test_comfy_033_cast_buffers_released_on_gpu():
+    reason = comfy_unavailable("0.33")
+    if reason:
+        pytest.skip(reason)
+    install = comfy_install("0.33")
+    run = subprocess.run([str(install.python), f"{TESTS}/cast_buffers_check.py", str(install.tree)],
+                         capture_output=True, text=True, timeout=300)
+    assert "{" in run.stdout, run.stderr[-3000:]
+    checks = json.loads(run.stdout[run.stdout.index("{"):])
+    failed = [name for name, ok in checks.items() if not ok]
+    assert not failed and run.returncode == 0, (failed, run.stderr[-2000:])
+    assert len(checks) == 10, checks

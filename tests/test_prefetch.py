@@ -39,7 +39,11 @@ class CpuCopies:
     """Stand-in for CudaCopies: same calls, CPU tensors, and a log of what was asked."""
 
     def __init__(self):
-        self.copies, self.compute_waits, self.copy_waits = 0, 0, 0
+        self.copies, self.compute_waits, self.copy_waits, self.takeovers = 0, 0, 0, 0
+
+    def take_over_streaming(self):
+        self.takeovers += 1
+        return 1000  # bytes of ComfyUI's streaming buffers freed
 
     def copy(self, tensor):
         self.copies += 1
@@ -101,7 +105,10 @@ def test_copies_run_ahead_within_the_window_and_outputs_are_identical():
     with torch.no_grad():
         first = net(x)
         assert copies.copies == 0 and seen["swapped"] == 0  # step 1 records the order only
+        assert copies.takeovers == 0  # ComfyUI streamed that step: its buffers are in use
         second = net(x)
+        # Step 2 copies every layer here: ComfyUI's streaming buffers were freed as it began.
+        assert copies.takeovers == 1 and prefetcher.released_bytes == 1000
         assert seen["swapped"] == 8 and copies.compute_waits == 8  # every layer used its copy
         assert copies.copy_waits == 8  # and the copy stream waited for each layer's compute
         # The copy stream went on into the next step within the window: its first layers are queued.
