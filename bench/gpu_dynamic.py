@@ -234,6 +234,7 @@ def run_mode(mode: str, paths: list[Path]) -> dict:
                 owners = [o for o in status["owners"] if "Flux" in o["label"] or o["label"].startswith("MODEL")]
                 prompt.update(viking_pinned_bytes=status["pinned_bytes"], comfy=status.get("comfy"),
                               dynamic=[o.get("dynamic") for o in owners], notes=[o.get("notes") for o in owners],
+                              prefetch=[o.get("prefetch") for o in owners],  # static mode: its window, ComfyUI's buffers freed
                               budget=status["budget"]["reason"],
                               time_in_viking=status.get("time_in_viking"))  # since the server started: calls, seconds
             row["prompts"].append(prompt)

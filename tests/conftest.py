@@ -2,7 +2,9 @@
 modules) on sys.path, since the tests are imported by path (see pyproject's pytest options);
 the `comfy_version` fixture that runs a test once per ComfyUI version (comfy_server.COMFY_INSTALLS)."""
 
+import json
 import os
+import subprocess
 import sys
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -38,3 +40,17 @@ def comfy_env(comfy_version):
     """The ComfyInstall of `comfy_version`: .tree and .python, for scripts run in-process
     (bench/comfy_*.py take the tree as their first argument and run under .python)."""
     return comfy_install(comfy_version)
+
+
+def run_checks(install, script, *args, expected: int) -> dict:
+    """Runs tests/SCRIPT under `install`'s Python with its tree first, the way the *_check.py
+    scripts take it; they print named checks as JSON and exit 1 if one fails. Asserts every
+    check passed and that there were `expected` of them (a check that went missing fails too)."""
+    run = subprocess.run([str(install.python), f"{TESTS}/{script}", str(install.tree), *map(str, args)],
+                         capture_output=True, text=True, timeout=300)
+    assert "{" in run.stdout, run.stderr[-3000:]
+    checks = json.loads(run.stdout[run.stdout.index("{"):])
+    failed = [name for name, ok in checks.items() if not ok]
+    assert not failed and run.returncode == 0, (failed, run.stderr[-2000:])
+    assert len(checks) == expected, checks
+    return checks

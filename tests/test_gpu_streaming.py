@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from comfy_server import COMFY_DIR, REPO_ROOT, comfy_install, comfy_unavailable
-from conftest import TESTS
+from conftest import run_checks
 
 
 def _cuda():
@@ -61,11 +61,4 @@ def test_comfy_033_cast_buffers_released_on_gpu():
     reason = comfy_unavailable("0.33")
     if reason:
         pytest.skip(reason)
-    install = comfy_install("0.33")
-    run = subprocess.run([str(install.python), f"{TESTS}/cast_buffers_check.py", str(install.tree)],
-                         capture_output=True, text=True, timeout=300)
-    assert "{" in run.stdout, run.stderr[-3000:]
-    checks = json.loads(run.stdout[run.stdout.index("{"):])
-    failed = [name for name, ok in checks.items() if not ok]
-    assert not failed and run.returncode == 0, (failed, run.stderr[-2000:])
-    assert len(checks) == 10, checks
+    run_checks(comfy_install("0.33"), "cast_buffers_check.py", expected=10)

@@ -3,17 +3,8 @@ real ModelPatcher of each ComfyUI version through every path that ends a model a
 nothing of it is left and its VRAM cap is gone (before: after an unpin the cap kept trimming
 what ComfyUI loaded, and the cap tables kept the model)."""
 
-import json
-import subprocess
-
-from conftest import TESTS
+from conftest import run_checks
 
 
 def test_every_ending_forgets_the_whole_model(comfy_env):
-    run = subprocess.run([str(comfy_env.python), f"{TESTS}/records_check.py", str(comfy_env.tree)],
-                         capture_output=True, text=True, timeout=300)
-    assert run.stdout.strip(), run.stderr[-3000:]
-    checks = json.loads(run.stdout[run.stdout.index("{"):])
-    failed = [name for name, ok in checks.items() if not ok]
-    assert not failed and run.returncode == 0, (failed, run.stderr[-2000:])
-    assert len(checks) == 15
+    run_checks(comfy_env, "records_check.py", expected=15)
