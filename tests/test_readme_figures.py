@@ -173,12 +173,24 @@ def dynamic_rows(name):
     from storage after pressure, peak RSS, largest PSS, Viking's pins at the last prompt."""
     rows = {}
     for mode, r in load(name)["modes"].items():
+        if "error" in r:
+            continue  # a mode whose prompt failed: failed_modes()
         prompts = r["prompts"]
         warm = sorted(p["seconds"] for p in prompts if p["stage"] == "warm")
         rows[mode] = dict(cold=prompts[0]["seconds"], warm=warm[len(warm) // 2], pressure=prompts[-1]["seconds"],
                           read=prompts[-1]["storage_read_bytes"], rss=r["peak_rss_bytes"],
                           pss=max(p["pss_bytes"] for p in prompts), pinned=prompts[-1].get("viking_pinned_bytes"))
     return rows
+
+
+def failed_modes(name):
+    """Each mode of a gpu_dynamic bench whose prompt failed, with its node's exception."""
+    out = []
+    for mode, r in load(name)["modes"].items():
+        if "error" in r:
+            node_line = r["error"].splitlines()[1]  # "node N (Class): Exception: message"
+            out.append(f"`{mode}` failed: {node_line}")
+    return out
 
 
 def megabytes(nbytes):
@@ -202,7 +214,7 @@ def dynamic_table(name, alone, others):
 
 def dynamic():
     return dynamic_table("gpu_dynamic.json", "dynamic",
-                         ["dynamic#2", "dynamic_nodes", "dynamic_clone", "dynamic_engine", "static_nodes"])
+                         ["dynamic#2", "dynamic_nodes", "dynamic_clone", "dynamic_engine", "static"]) + failed_modes("gpu_dynamic.json")
 
 
 def dynamic_fastdisk():
