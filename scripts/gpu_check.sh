@@ -20,6 +20,8 @@
 #   rounds      the --fast-disk two-model modes, alone and with the nodes, three fresh servers
 #               each, interleaved (one server per mode is as noisy as the differences)
 #   rounds1     the same for one model in ComfyUI's default dynamic mode
+#   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
+#               0.33 static alone and with the Pin Model, as is, prefetch off, --disable-cuda-malloc
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -99,14 +101,18 @@ dynamic_bench() {  # RESULT_FILE MODES (the whole log beside the result: a faile
 }
 
 # The benches hold all but N GiB of the VRAM free when they start: a server of the previous
-# part that is still exiting would free its memory later and leave them more than N.
+# part that is still exiting would free its memory later and leave them more than N. In a
+# container nvidia-smi may list no processes at all, so the device's used memory counts too.
 gpu_idle() {
     command -v nvidia-smi > /dev/null || return 0
+    local used
     for _ in $(seq 120); do
-        [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && return 0
+        used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && [ "${used:-0}" -lt 2048 ] && return 0
         sleep 0.5
     done
-    echo "[gpu_check] the GPU still has processes after 60 s: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader)"
+    echo "[gpu_check] the GPU is not idle after 60 s: ${used} MiB used;" \
+         "$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader)"
 }
 
 # ComfyUI alone runs first and again last (#2): the spread between two fresh servers of one mode.
@@ -127,6 +133,10 @@ rounds_bench() {
 }
 part_rounds() { rounds_bench gpu_dynamic_rounds.json dynamic_fastdisk_two dynamic_fastdisk_two_nodes; }
 part_rounds1() { rounds_bench gpu_dynamic_rounds_one.json dynamic dynamic_nodes; }
+part_staticvram() {
+    python3 bench/probes/static_vram.py "$OUT/gpu_probe_static_vram.json" --depth "${DYNAMIC_DEPTH:-8}" \
+        --free-gib "${DYNAMIC_FREE_GIB:-6}" 2>&1 | tee "$OUT/static_vram.log" | grep -v '^static' | tail -30
+}
 
 case "${1:-}" in
     carry) carry ;;
@@ -138,5 +148,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds|rounds1]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds|rounds1|staticvram]..." >&2; exit 2 ;;
 esac
