@@ -107,7 +107,7 @@ gpu_idle() {
     command -v nvidia-smi > /dev/null || return 0
     local used
     for _ in $(seq 120); do
-        used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 || true)
         [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && [ "${used:-0}" -lt 2048 ] && return 0
         sleep 0.5
     done
