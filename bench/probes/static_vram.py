@@ -18,7 +18,9 @@ Viking's "prefetching ..."). The server's memory outside PyTorch's pool, prompt 
 `device_used - reserved` (plus the holder's constant share).
 
 usage: python bench/probes/static_vram.py OUT.json [--variants default,no_prefetch,no_cuda_malloc]
-       [gpu_dynamic.py's --depth/--free-gib/--steps/--size/--cpu]  (run by ComfyUI 0.33's Python)
+       [--modes static,static_nodes] [gpu_dynamic.py's --depth/--free-gib/--steps/--size/--cpu]
+       (run by ComfyUI 0.33's Python; --modes takes any of gpu_dynamic.py's modes, in the order
+       they run: part `dynamic` runs four dynamic-mode servers before the two static ones)
 """
 import json
 import os
@@ -34,7 +36,7 @@ sys.path[:0] = [str(BENCH.parent / "tests"), str(BENCH)]
 
 from flux_model import arg  # noqa: E402
 
-MODES = ("static", "static_nodes")
+DEFAULT_MODES = "static,static_nodes"
 VARIANTS = {"default": [], "no_prefetch": [], "no_cuda_malloc": ["--disable-cuda-malloc"]}
 SPLIT_LINES = re.compile(r"loaded partially|loaded completely|Unloaded partially|models unloaded|Requested to load"
                          r"|Viking Engine: prefetching")
@@ -56,9 +58,11 @@ def wait_for_device_idle(below_mib=4096, seconds=60):
         time.sleep(0.5)
 
 
-def run_variant(variant: str, bench_out: str, trace_out: str, bench_args: list[str]):
+def run_variant(variant: str, modes: str, bench_out: str, trace_out: str, bench_args: list[str]):
     """In this process: gpu_dynamic.py with ComfyServer.run_prompt traced (and the variant's change)."""
     import comfy_server
+
+    modes = modes.split(",")
 
     trace, log_offsets = [], {}
     start, run_prompt = comfy_server.ComfyServer.start, comfy_server.ComfyServer.run_prompt
@@ -77,58 +81,60 @@ def run_variant(variant: str, bench_out: str, trace_out: str, bench_args: list[s
     def traced_start(server):
         server.cmd += VARIANTS[variant]
         start(server)
-        snapshot(server, "started", mode_of(server))
+        snapshot(server, "started", mode_of(server, modes))
 
     def traced_run_prompt(server, api_graph, timeout=300):
         if variant == "no_prefetch":
             for node in api_graph.values():
                 if node["class_type"] == "VikingPinModel":
                     node["inputs"]["prefetch"] = False
-        mode = mode_of(server)
+        mode = mode_of(server, modes)
         try:
             return run_prompt(server, api_graph, timeout)
         finally:
             snapshot(server, "after prompt", mode)
 
     comfy_server.ComfyServer.start, comfy_server.ComfyServer.run_prompt = traced_start, traced_run_prompt
-    sys.argv = [str(BENCH / "gpu_dynamic.py"), bench_out, "--modes", ",".join(MODES), *bench_args]
+    sys.argv = [str(BENCH / "gpu_dynamic.py"), bench_out, "--modes", ",".join(modes), *bench_args]
     try:
         runpy.run_path(str(BENCH / "gpu_dynamic.py"), run_name="__main__")
     except SystemExit:
         pass  # gpu_dynamic exits 1 when a check fails: the trace is what this probe is for
 
 
-def mode_of(server) -> str:
+def mode_of(server, modes: list[str]) -> str:
     """gpu_dynamic names each server's base folder gpu_dynamic_<mode>_<random>."""
     name = server.base_dir.name.removeprefix("gpu_dynamic_")
-    return next(mode for mode in sorted(MODES, key=len, reverse=True) if name.startswith(mode + "_"))
+    return next(mode for mode in sorted(modes, key=len, reverse=True) if name.startswith(mode + "_"))
 
 
 def main():
     out = sys.argv[1]
     if "--run" in sys.argv:  # the child: one variant
         at = sys.argv.index("--run")
-        run_variant(*sys.argv[at + 1:at + 4], sys.argv[2:at])
+        run_variant(*sys.argv[at + 1:at + 5], sys.argv[2:at])
         return
     variants = arg("--variants", ",".join(VARIANTS), str).split(",")
+    modes = arg("--modes", DEFAULT_MODES, str)
     passed = sys.argv[2:]  # gpu_dynamic.py's own options
-    if "--variants" in passed:
-        at = passed.index("--variants")
-        del passed[at:at + 2]
-    result = dict(probe="static_vram", date=time.strftime("%Y-%m-%d"), args=passed, variants={})
+    for own in ("--variants", "--modes"):
+        if own in passed:
+            at = passed.index(own)
+            del passed[at:at + 2]
+    result = dict(probe="static_vram", date=time.strftime("%Y-%m-%d"), args=passed, modes=modes, variants={})
     for variant in variants:
         wait_for_device_idle()
         bench_out, trace_out = f"{out}.{variant}.bench.json", f"{out}.{variant}.trace.json"
         # A fresh process per variant: the bench holds VRAM and its globals for one run.
-        subprocess.run([sys.executable, __file__, out, *passed, "--run", variant, bench_out, trace_out], check=False)
+        subprocess.run([sys.executable, __file__, out, *passed, "--run", variant, modes, bench_out, trace_out], check=False)
         bench = json.load(open(bench_out)) if os.path.exists(bench_out) else {}
-        modes = {mode: dict(error=row.get("error"), prompts=[dict(seconds=p["seconds"], latent=p["latent"], prefetch=p.get("prefetch"))
+        rows = {mode: dict(error=row.get("error"), prompts=[dict(seconds=p["seconds"], latent=p["latent"], prefetch=p.get("prefetch"))
                                                               for p in row.get("prompts", [])])
                  for mode, row in bench.get("modes", {}).items()}
-        result["variants"][variant] = dict(held_vram_bytes=bench.get("held_vram_bytes"), modes=modes, checks=bench.get("checks"),
+        result["variants"][variant] = dict(held_vram_bytes=bench.get("held_vram_bytes"), modes=rows, checks=bench.get("checks"),
                                            trace=json.load(open(trace_out)) if os.path.exists(trace_out) else [])
         json.dump(result, open(out, "w"), indent=1)
-        print(variant, {mode: row["error"].splitlines()[1] if row["error"] else "ran" for mode, row in modes.items()}, flush=True)
+        print(variant, {mode: row["error"].splitlines()[1] if row["error"] else "ran" for mode, row in rows.items()}, flush=True)
 
 
 if __name__ == "__main__":
