@@ -20,6 +20,7 @@
 #   rounds      the --fast-disk two-model modes, alone and with the nodes, three fresh servers
 #               each, interleaved (one server per mode is as noisy as the differences)
 #   rounds1     the same for one model in ComfyUI's default dynamic mode
+#   rounds2     the same for two models in ComfyUI's default dynamic mode
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
 #               0.33 static alone and with the Pin Model, as is, prefetch off, --disable-cuda-malloc
 set -euo pipefail
@@ -133,6 +134,7 @@ rounds_bench() {
 }
 part_rounds() { rounds_bench gpu_dynamic_rounds.json dynamic_fastdisk_two dynamic_fastdisk_two_nodes; }
 part_rounds1() { rounds_bench gpu_dynamic_rounds_one.json dynamic dynamic_nodes; }
+part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
 part_staticvram() {
     python3 bench/probes/static_vram.py "$OUT/gpu_probe_static_vram.json" --depth "${DYNAMIC_DEPTH:-8}" \
         --free-gib "${DYNAMIC_FREE_GIB:-6}" 2>&1 | tee "$OUT/static_vram.log" | grep -v '^static' | tail -30
@@ -148,5 +150,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds|rounds1|staticvram]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds|rounds1|rounds2|staticvram]..." >&2; exit 2 ;;
 esac

@@ -46,6 +46,9 @@ SOURCES = {
     "container_residency_cpu.json": NATIVE + ["comfy_node", "bench/container_residency.py", "tests/dynamic_cpu.py",
                                               "tests/memory_cgroup.py"],
     "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
+    "gpu_probe_static_vram.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py", "bench/probes/static_vram.py"],
+    "gpu_probe_static_vram_order.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py",
+                                                           "bench/probes/static_vram.py"],
     "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
     "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
@@ -322,6 +325,33 @@ def event_cost():
             f"the event that first locks its file pages {f(d['residency_first_lock_ms'], 1)} ms"]
 
 
+STATIC_VRAM_RUNS = {"default": "as is", "no_prefetch": "prefetch off", "no_cuda_malloc": "`--disable-cuda-malloc`"}
+
+
+def static_vram(name, label=None):
+    """Per run of the static cross-check probe: prompts that ran, ComfyUI's loaded share at its
+    first and last partial load, and the most PyTorch's pool held unused after a prompt; each
+    alone / with the Pin Model."""
+    out = []
+    for variant, v in load(name)["variants"].items():
+        def trace(mode):
+            return [t for t in v["trace"] if t["mode"] == mode and t["when"] == "after prompt"]
+
+        def loaded(mode):
+            mbs = [float(m) for t in trace(mode) for line in t["split_lines"]
+                   for m in re.findall(r"loaded partially; [\d.]+ MB usable, ([\d.]+) MB loaded", line)]
+            return f"{mbs[0]:.0f} -> {mbs[-1]:.0f} MB"
+
+        def unused(mode):
+            return f"{max(t['torch_unused_bytes'] for t in trace(mode)) / 2**20:.0f}"
+
+        def ran(mode):
+            return str(sum(1 for _ in v["modes"][mode]["prompts"]))
+        out.append(f"| {label or STATIC_VRAM_RUNS[variant]} | {ran('static')} / {ran('static_nodes')} | "
+                   f"{loaded('static')} / {loaded('static_nodes')} | {unused('static')} / {unused('static_nodes')} MiB |")
+    return out
+
+
 def plan():
     return [f"{f(load('plan.json')['median_ms'], 1)} ms median"]
 
@@ -332,6 +362,9 @@ FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timin
            "gpu_dynamic_rounds_one.json": dynamic_rounds_one, "gpu_dynamic_rounds.json": dynamic_rounds_two,
            "container_residency_cpu.json": container,
            "event_cost_cpu.json": event_cost, "plan.json": plan,
+           "gpu_probe_static_vram.json": lambda: static_vram("gpu_probe_static_vram.json"),
+           "gpu_probe_static_vram_order.json": lambda: static_vram("gpu_probe_static_vram_order.json",
+                                                                   "as is, after two dynamic-mode servers with Viking"),
            "swap_cpu.json": swap}
 
 
