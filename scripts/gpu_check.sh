@@ -61,6 +61,10 @@ install() {
     # (A wrapper, not a symlink: the machine's python3 is itself a venv's, found by its path.)
     local python
     python="$(command -v python3)"
+    # Where the GPU sits among the host's CPUs and memory (a server's pinned buffers on the far
+    # NUMA node copy slower): kept beside the results, read when two runs disagree.
+    { nvidia-smi topo -m; lscpu | grep -i numa; command -v numactl > /dev/null && numactl --hardware; } \
+        > "$OUT/topology.txt" 2>&1 || true
     for venv in .venv .comfy/venv-0.33; do
         mkdir -p "$venv/bin" && rm -f "$venv/bin/python" && touch "$venv/.setup-stamp-gpu"
         printf '#!/bin/sh\nexec %s "$@"\n' "$python" > "$venv/bin/python" && chmod +x "$venv/bin/python"
