@@ -26,6 +26,7 @@ SERVER = ["comfy_node", "bench/server_tools.py", "tests/comfy_server.py", "tests
 # branch; gate's govern() returns at once elsewhere): a result measured without that mode did
 # not measure it.
 NOT_DYNAMIC = [":(exclude)comfy_node/dynamic.py"]
+DYNAMIC_BENCH = NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"]
 # What each result file measured: the code whose change makes its figures old.
 SOURCES = {
     "gpu_perf.json": NATIVE + STREAMING + ["bench/gpu_perf.py"],
@@ -37,18 +38,17 @@ SOURCES = {
                                               "tests/test_gpu_streaming.py", "bench/comfy_home.py", "bench/comfy_vram_cap.py"],
     "gpu_server_0_3_75.json": NATIVE + SERVER + NOT_DYNAMIC + ["bench/gpu_server.py"],
     "gpu_server_0_33.json": NATIVE + SERVER + NOT_DYNAMIC + ["bench/gpu_server.py"],  # --disable-dynamic-vram
-    "gpu_dynamic.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
-    "gpu_dynamic_fastdisk.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
-    "gpu_dynamic_two.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
-    "gpu_dynamic_rounds.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
-    "gpu_dynamic_rounds_one.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"],
+    "gpu_dynamic.json": DYNAMIC_BENCH,
+    "gpu_dynamic_fastdisk.json": DYNAMIC_BENCH,
+    "gpu_dynamic_two.json": DYNAMIC_BENCH,
+    "gpu_dynamic_rounds.json": DYNAMIC_BENCH,
+    "gpu_dynamic_rounds_one.json": DYNAMIC_BENCH,
     "gpu_server_0_33_dynamic.json": NATIVE + SERVER + ["bench/gpu_server.py"],  # the default dynamic VRAM mode
     "container_residency_cpu.json": NATIVE + ["comfy_node", "bench/container_residency.py", "tests/dynamic_cpu.py",
                                               "tests/memory_cgroup.py"],
     "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
-    "gpu_probe_static_vram.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py", "bench/probes/static_vram.py"],
-    "gpu_probe_static_vram_order.json": NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py",
-                                                           "bench/probes/static_vram.py"],
+    "gpu_probe_static_vram.json": DYNAMIC_BENCH + ["bench/probes/static_vram.py"],  # runs gpu_dynamic.py in-process
+    "gpu_probe_static_vram_order.json": DYNAMIC_BENCH + ["bench/probes/static_vram.py"],
     "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
     "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
@@ -346,7 +346,7 @@ def static_vram(name, label=None):
             return f"{max(t['torch_unused_bytes'] for t in trace(mode)) / 2**20:.0f}"
 
         def ran(mode):
-            return str(sum(1 for _ in v["modes"][mode]["prompts"]))
+            return str(len(v["modes"][mode]["prompts"]))
         out.append(f"| {label or STATIC_VRAM_RUNS[variant]} | {ran('static')} / {ran('static_nodes')} | "
                    f"{loaded('static')} / {loaded('static_nodes')} | {unused('static')} / {unused('static_nodes')} MiB |")
     return out
