@@ -17,7 +17,8 @@ host buffer ("staging") and copies them to the GPU (comfy.py has the details). V
    RAM: Viking maps those file ranges shared and read-only (backend/file_view.rs) and locks them
    within the budget, from the model's first sampling on. Memory pressure can no longer evict
    them, so a run after pressure reads from RAM, not disk. (Never aimdo's own mapping: a private
-   read-only file mapping registered with CUDA hung.)
+   read-only file mapping registered with CUDA hung.) A node's file_residency switches it off:
+   with one model, the weights in VRAM slots are hardly read again, and their pages cost RAM.
 3. In place: not shipped. ComfyUI's staging never reads the mapping (it preads the file into
    its buffer); making it read Viking's registered pages would mean writing its private
    per-module pin slots. README.md says what was measured and why.
@@ -107,10 +108,11 @@ def file_ranges(patcher, record) -> list[tuple[int, int, object]]:
     read-only views (one per file, spanning at least those slices), for the native pins. Nothing before
     the model has sampled once: until then staging is not decided, and pinning the whole file
     would hold the model twice while ComfyUI stages it. A file that cannot be mapped (shorter
-    than ComfyUI's slices: replaced or truncated on disk) gets a note and no residency."""
+    than ComfyUI's slices: replaced or truncated on disk) gets a note and no residency; none
+    either with the node's file_residency off."""
     page = 4096
     by_file: dict[int, list[tuple[int, int]]] = {}
-    if record.sampled:
+    if record.sampled and record.settings.file_residency:
         for fd, offset, size in comfy.checkpoint_slices(patcher, unstaged_only=True):
             by_file.setdefault(fd, []).append((offset, size))
     # A view no longer needed goes (the native ledger keeps it mapped until its pins are released).
@@ -147,4 +149,5 @@ def summary(patcher, record) -> dict:
     return {"staged_bytes": staged, "staged_pinned_bytes": staged_pinned, "file_view_bytes": file_bytes,
             "file_view_resident_bytes": sum(r or 0 for r in resident), "checkpoint_resident_bytes": checkpoint_resident,
             "checkpoint_bytes": sum(length for _, length in comfy.mapped_storage_spans(patcher)),
-            "kept_in_current_prompt": record.settings.priority > 0, "pin_ceiling_bytes": comfy.pin_ceiling()}
+            "kept_in_current_prompt": record.settings.priority > 0, "pin_ceiling_bytes": comfy.pin_ceiling(),
+            "file_residency": record.settings.file_residency}

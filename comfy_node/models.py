@@ -21,6 +21,7 @@ class PinSettings:
     pinned_home: bool = True  # keep the pinned RAM copy while the weights are in VRAM (home.py)
     prefetch: bool = True  # copy streamed (lowvram) layers ahead of use (prefetch.py)
     prefetch_window_mib: int = 0  # VRAM for copies in flight; 0: the default window
+    file_residency: bool = True  # dynamic VRAM mode: lock the checkpoint pages staging does not hold (dynamic.py)
 
 
 @dataclass

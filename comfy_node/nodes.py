@@ -29,7 +29,8 @@ SETTINGS_INPUTS = [
 
 
 def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float, backend: str, priority: int,
-         pinned_home: bool = True, vram_cap_gib: float = 0.0, prefetch: bool = True) -> Result:
+         pinned_home: bool = True, vram_cap_gib: float = 0.0, prefetch: bool = True,
+         file_residency: bool = True) -> Result:
     native = require()
     for name, number in (("budget_gib", budget_gib), ("headroom_gib", headroom_gib), ("vram_cap_gib", vram_cap_gib)):
         native.gib_to_bytes(name, float(number))  # the one rule for sizes; its ValueError says what to change
@@ -55,7 +56,7 @@ def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float,
     settings = lifecycle.PinSettings(label=label, model_limit_gib=float(budget_gib), headroom_gib=float(headroom_gib),
                                      backend=backend, priority=int(priority), node_id=node_id,
                                      vram_cap_gib=float(vram_cap_gib), pinned_home=bool(pinned_home),
-                                     prefetch=bool(prefetch))
+                                     prefetch=bool(prefetch), file_residency=bool(file_residency))
     try:
         report = lifecycle.attach(patcher, settings)
     except native.BackendUnavailableError as error:
@@ -96,6 +97,11 @@ PREFETCH = Input("prefetch", "BOOLEAN", default=True, optional=True,  # optional
                  tooltip="Copy the weights that stream from RAM (low VRAM, or a VRAM cap) to the GPU ahead of the "
                          "layers that need them, on a copy stream of their own. Off: ComfyUI streams them alone.")
 
+FILE_RESIDENCY = Input("file_residency", "BOOLEAN", default=True, optional=True,  # optional and last: saved graphs stay valid
+                       tooltip="ComfyUI's dynamic VRAM mode: keep the checkpoint pages this model reads from its file (the "
+                               "weights ComfyUI does not stage) locked in RAM, within the budget, so memory pressure cannot force "
+                               "re-reads from disk. Costs RAM equal to those pages. Off: ComfyUI's own staging only.")
+
 
 def _status(node_id: str, after=None) -> Result:
     status = lifecycle.status(probe_cuda=True, mark_run=True)
@@ -124,11 +130,11 @@ def _pin_spec(node_id: str, kind: str, display: str, description: str, extra_inp
         node_id=node_id,
         display_name=display,
         description=description,
-        inputs=[Input(name, kind)] + SETTINGS_INPUTS + list(extra_inputs),
+        inputs=[Input(name, kind)] + SETTINGS_INPUTS + list(extra_inputs) + [FILE_RESIDENCY],
         outputs=[Output(kind, kind)],
         run=lambda node_id, **i: _pin(node_id, kind, i[name], i["budget_gib"], i["headroom_gib"], i["backend"],
                                       i["priority"], i.get("pinned_home", True), i.get("vram_cap_gib", 0.0),
-                                      i.get("prefetch", True)),
+                                      i.get("prefetch", True), i.get("file_residency", True)),
         # Cached like any node, but re-run after a Viking Unpin so the model is pinned again.
         fingerprint=lifecycle.unpin_generation,
     )

@@ -37,7 +37,8 @@ def status_text(status: dict) -> str:
         dynamic = owner.get("dynamic")
         if dynamic:
             lines.append(f"    ComfyUI staged {human(dynamic['staged_bytes'])} ({human(dynamic['staged_pinned_bytes'])} pinned); "
-                         f"checkpoint in RAM {human(dynamic['checkpoint_resident_bytes'])} of {human(dynamic['checkpoint_bytes'])}")
+                         f"checkpoint in RAM {human(dynamic['checkpoint_resident_bytes'])} of {human(dynamic['checkpoint_bytes'])}"
+                         + ("" if dynamic.get("file_residency", True) else "; its file pages not kept (file_residency off)"))
         for note in owner.get("notes", []):
             lines.append(f"    {note}")
         if owner.get("standing_aside"):

@@ -6,7 +6,8 @@ one fails. Run by tests/test_dynamic.py under ComfyUI 0.33's Python.
 
 - residency: Viking's shared views of the checkpoint, locked by the OS-lock backend, keep the
   weights' file pages in RAM under posix_fadvise(DONTNEED) + MADV_PAGEOUT of aimdo's mapping;
-  without them the same pressure evicts the pages (the check can fail);
+  without them the same pressure evicts the pages (the check can fail); the node's
+  file_residency off: none of it, and the status says so;
 - a file truncated on disk: a clear note, no view, nothing pinned for it;
 - budget hand-over: ComfyUI's MAX_PINNED_MEMORY becomes Viking's budget less Viking's pins;
 - priorities: the refusal rule of ComfyUI's per-model eviction calls;
@@ -16,6 +17,7 @@ usage: python tests/dynamic_check.py COMFY_0_33_DIR WORK_DIR
 """
 
 import ctypes
+import dataclasses
 import gc
 import json
 import os
@@ -42,6 +44,7 @@ import comfy.model_patcher  # noqa: E402
 from comfy_node import comfy as seam, dynamic, lifecycle, models, nodes  # noqa: E402
 from dynamic_cpu import StagingPatcher, enter_dynamic_mode, mapped_model, stage, unstage  # noqa: E402
 from comfy_node.native import require  # noqa: E402
+from comfy_node.report import status_text  # noqa: E402
 
 native = require()
 native.configure(headroom_gib=0.0)
@@ -139,6 +142,28 @@ gc.collect()
 pressure(path, patcher)
 evicted_share = resident_share(patcher)
 checks[f"control: without Viking the same pressure evicts them ({evicted_share:.2f} left)"] = evicted_share < 0.5
+
+# --- residency switched off (the node's file_residency) ------------------------------------------
+off_path = checkpoint("no_residency.safetensors")
+off = mapped_model(off_path, StagingPatcher)  # a patcher ComfyUI takes for a dynamic one
+off_before = locked_bytes()
+off_settings = lifecycle.PinSettings(label="no residency", backend="os-lock", headroom_gib=0.0, file_residency=False)
+lifecycle.attach(off, off_settings)
+lifecycle._on_pre_run(off)  # sampled: with residency on, every weight's pages would be pinned now
+off_record = lifecycle.record_of(off)
+off_report = lifecycle.reconcile(off)
+native.settle()
+off_entry = next(o for o in lifecycle.status()["owners"] if o["owner"] == off_record.owner)
+checks["file_residency off: nothing pinned, no view, nothing locked"] = (
+    off_report["pinned_bytes"] == 0 and not off_record.file_views and views_of(off_path) == 1
+    and locked_bytes() - off_before < MIB)
+checks["file_residency off: the status says so"] = (
+    off_entry["dynamic"]["file_residency"] is False and "file_residency off" in status_text(lifecycle.status()))
+on_report = lifecycle.attach(off, dataclasses.replace(off_settings, file_residency=True))  # the node run again, switched on
+native.settle()
+checks["file_residency on again: the same model's pages pinned at once"] = (
+    on_report["pinned_bytes"] == on_report["wanted_bytes"] == 64 * MIB and locked_bytes() - off_before >= 64 * MIB)
+lifecycle.forget(off_record.owner)
 
 # --- a file truncated on disk -----------------------------------------------------------------
 short_path = checkpoint("truncated.safetensors")

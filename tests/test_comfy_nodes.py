@@ -65,7 +65,7 @@ def test_object_info_lists_every_node_with_its_inputs(server):
         assert info["display_name"].startswith("Viking")
     pin = server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["required"]
     assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "pinned_home", "vram_cap_gib"]
-    assert list(server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["optional"]) == ["prefetch"]
+    assert list(server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["optional"]) == ["prefetch", "file_residency"]
     assert pin["backend"][1]["options"] == ["auto", "cuda", "os-lock"]
     assert pin["budget_gib"][1]["min"] == 0.0
     unpin = server.get("/object_info/VikingUnpin")["VikingUnpin"]["input"]["optional"]
@@ -222,7 +222,7 @@ def test_v1_fallback_for_older_comfyui(comfy_version, checkpoint, tmp_path):
             assert server.get(f"/object_info/{node_id}")[node_id]["category"] == "Viking"
         pin = server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["required"]
         assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "pinned_home", "vram_cap_gib"]
-        assert list(server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["optional"]) == ["prefetch"]
+        assert list(server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["optional"]) == ["prefetch", "file_residency"]
         entry = server.run_prompt(api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info()))
         assert any("Pinned" in out["text"][0] for out in entry["outputs"].values() if "text" in out)
         state = status(server)

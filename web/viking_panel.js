@@ -78,7 +78,8 @@ app.registerExtension({
         const dynamic = owner.dynamic; // ComfyUI 0.33's dynamic VRAM mode: its own staging of this model
         if (dynamic) {
           row(panel, "viking-dynamic", `    ComfyUI staged ${human(dynamic.staged_bytes)} (${human(dynamic.staged_pinned_bytes)} pinned); `
-            + `checkpoint in RAM ${human(dynamic.checkpoint_resident_bytes)} of ${human(dynamic.checkpoint_bytes)}`);
+            + `checkpoint in RAM ${human(dynamic.checkpoint_resident_bytes)} of ${human(dynamic.checkpoint_bytes)}`
+            + (dynamic.file_residency === false ? "; its file pages not kept (file_residency off)" : ""));
         }
       }
       if (status.comfy && status.comfy.mode === "dynamic") {
