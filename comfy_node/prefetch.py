@@ -14,6 +14,15 @@ the VRAM copy for its forward (ComfyUI's cast then finds them on the device and 
 and back at RAM right after. The copy stream waits for each layer's compute before it reuses
 that layer's memory, so at most `window_bytes` of copies are in VRAM at once.
 
+The copies live in one block of `window_bytes`, taken at a sampling run's first copy and let go
+when the run ends (`Ring` hands out its bytes in order, each layer's copy given back when its
+forward ends). Why one block: with a tensor per copy, every layer's copy went back to PyTorch's
+pool as the next was made, on another stream than the compute's. ComfyUI counts a pool's
+unused memory as free VRAM, and under `cudaMallocAsync` (ComfyUI 0.33's default with CUDA 13)
+an allocation the pool cannot serve fails at once, without the retry PyTorch's own allocator
+makes. Measured on an H200: with the copies made one by one, the pool held 300-400 MB more
+unused than ComfyUI alone (bench/results/gpu_probe_static_vram.json).
+
 VRAM accounting: the window takes the place of the buffer ComfyUI reserves for streaming this
 model (`model_offload_buffer_memory`; its own copies are no longer made, and the buffers 0.33
 keeps for them are freed once the prefetcher has a plan: comfy.release_cast_buffers). It grows beyond that
@@ -37,12 +46,73 @@ The Prefetcher lives in the model's record (models.py).
 
 from __future__ import annotations
 
+import collections
 import logging
 import weakref
 
 from . import comfy
 
 log = logging.getLogger("viking_engine")
+
+
+ALIGN = 512  # bytes: each copy starts at a multiple, as CUDA's own allocations do
+
+
+def aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def block_bytes(module) -> int:
+    """Bytes a module's copy takes in the block: its weight, then its bias at the next ALIGN."""
+    bias = getattr(module, "bias", None)
+    return aligned(module.weight.nbytes) + (bias.nbytes if bias is not None else 0)
+
+
+def place(block, tensor, offset: int):
+    """Queues a copy of `tensor` into `block` at `offset` (on the current stream); the copy."""
+    view = block[offset:offset + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
+    view.copy_(tensor, non_blocking=True)
+    return view
+
+
+class Ring:
+    """Offsets in a block of `capacity` bytes: taken in order, given back in any order (a
+    layer's copy when its forward ends, a copy a step did not use when the step moves past it).
+    The bytes from the oldest slot still held to the newest are held, so a slot given back
+    early is reused once the slots before it are given back too."""
+
+    def __init__(self, capacity: int):
+        self.capacity = int(capacity)
+        self.slots = collections.deque()  # [offset, size, held], in the order taken
+
+    def take(self, nbytes: int) -> int | None:
+        """The offset of `nbytes` (rounded up to ALIGN) after the newest slot, or at 0 when
+        the end of the block is reached; None while the held slots leave no such room."""
+        size = aligned(nbytes)
+        if not self.slots:
+            return self._push(0, size) if size <= self.capacity else None
+        oldest, (newest, newest_size, _) = self.slots[0][0], self.slots[-1]
+        end = newest + newest_size
+        if newest >= oldest:  # held: [oldest, end)
+            if end + size <= self.capacity:
+                return self._push(end, size)
+            return self._push(0, size) if size <= oldest else None
+        return self._push(end, size) if end + size <= oldest else None  # held: [oldest, capacity) and [0, end)
+
+    def give(self, offset: int):
+        slot = next(slot for slot in self.slots if slot[0] == offset and slot[2])
+        slot[2] = False
+        while self.slots and not self.slots[0][2]:
+            self.slots.popleft()
+        while self.slots and not self.slots[-1][2]:
+            self.slots.pop()
+
+    def held_bytes(self) -> int:
+        return sum(size for _, size, held in self.slots if held)
+
+    def _push(self, offset: int, size: int) -> int:
+        self.slots.append([offset, size, True])
+        return offset
 
 
 class CudaCopies:
@@ -58,17 +128,33 @@ class CudaCopies:
         # shrink what ComfyUI finds free for the next model it loads, so it splits that model
         # between VRAM and RAM otherwise and the image changes (bench/probes/clip_free_vram.py).
         self.stream = None
+        self.block = None  # the copies' device memory, while a sampling run has copies
 
-    def copy(self, tensor):
-        """Queues a copy of `tensor` to the device on the copy stream: (copy, ready event)."""
+    def copy(self, weight, bias, offset: int, capacity: int):
+        """Queues a copy of a module's weight (and bias) into the block at `offset` on the copy
+        stream, the block (`capacity` bytes) taken first if need be: (weight, bias, ready event)."""
         torch = self.torch
         if self.stream is None:
             self.stream = torch.cuda.Stream(device=self.device)
+        if self.block is None:
+            # Taken on the compute stream, so that its memory goes back there when the run ends
+            # (where ComfyUI's next allocations are made). That memory may still be in use by
+            # compute already queued, so the copy stream waits for it once; and the block is let
+            # go only after the copy stream's work queued by then (record_stream).
+            compute = torch.cuda.current_stream(self.device)
+            self.block = torch.empty(capacity, dtype=torch.uint8, device=self.device)
+            self.block.record_stream(self.stream)
+            self.stream.wait_stream(compute)
         with torch.cuda.stream(self.stream):
-            copied = tensor.to(self.device, non_blocking=True)
+            weight_copy = place(self.block, weight, offset)
+            bias_copy = place(self.block, bias, offset + aligned(weight.nbytes)) if bias is not None else None
             event = torch.cuda.Event()
             event.record(self.stream)
-        return copied, event
+        return weight_copy, bias_copy, event
+
+    def release_block(self):
+        """Lets the block go (no copy is held: between sampling runs)."""
+        self.block = None
 
     def compute_waits_for(self, event):
         self.torch.cuda.current_stream(self.device).wait_event(event)
@@ -98,8 +184,9 @@ class Prefetcher:
         self.position = 0  # next place in `plan`
         self.issued = 0  # plan[:issued] have copies issued this step
         self.in_flight = 0  # bytes issued and not yet consumed
-        self.ready: dict[int, tuple] = {}  # module index -> (weight copy, bias copy, event, nbytes)
-        self.swapped: dict[int, tuple] = {}  # module index -> (cpu weight, cpu bias, nbytes)
+        self.ready: dict[int, tuple] = {}  # module index -> (weight copy, bias copy, event, nbytes, offset)
+        self.swapped: dict[int, tuple] = {}  # module index -> (cpu weight, cpu bias, nbytes, offset)
+        self.ring = Ring(self.window_bytes)  # where in the copies' block each copy sits
         self.copies = copies or CudaCopies(device)
         self.copied_bytes = 0
         self.released_bytes = 0  # of ComfyUI's own streaming buffers, freed while prefetching
@@ -173,12 +260,17 @@ class Prefetcher:
         self.trace = []
 
     def idle(self):
-        """Drops the copies queued ahead (only the copy stream ever touched them)."""
+        """Drops the copies queued ahead (only the copy stream ever touched them), and the
+        block once no layer uses a copy."""
+        for copy in self.ready.values():
+            self.ring.give(copy[4])
         self.ready.clear()
         self.issued, self.in_flight = 0, sum(saved[2] for saved in self.swapped.values())
+        if not self.swapped:
+            self.copies.release_block()
 
     def _issue(self):
-        """Queues copies along the plan (and on into the next step) until `window_bytes` are in flight."""
+        """Queues copies along the plan (and on into the next step) while the block has room."""
         steps = len(self.plan)
         while self.issued < 2 * steps:
             index = self.plan[self.issued % steps]
@@ -188,13 +280,16 @@ class Prefetcher:
                 self.issued += 1  # the plan runs a module twice: one copy serves both
                 continue
             module = self.modules[index]
-            nbytes = self._nbytes(module)
-            if self.in_flight and self.in_flight + nbytes > self.window_bytes:
+            if not _contiguous(module):
+                self.issued += 1  # a copy into the block would change its strides: ComfyUI copies it
+                continue
+            offset = self.ring.take(block_bytes(module))
+            if offset is None:
                 return
             self.issued += 1
-            bias, _ = self.copies.copy(module.bias) if module.bias is not None else (None, None)
-            weight, event = self.copies.copy(module.weight)  # its event also covers the bias
-            self.ready[index] = (weight, bias, event, nbytes)
+            nbytes = self._nbytes(module)
+            weight, bias, event = self.copies.copy(module.weight, module.bias, offset, self.ring.capacity)
+            self.ready[index] = (weight, bias, event, nbytes, offset)
             self.in_flight += nbytes
             self.copied_bytes += nbytes
 
@@ -212,12 +307,13 @@ class Prefetcher:
         copy = self.ready.pop(index, None)
         if copy is None:
             return  # not prefetched: ComfyUI copies it as usual
-        weight, bias, event, nbytes = copy
-        if module.weight.device.type != "cpu" or module.weight.shape != weight.shape:
+        weight, bias, event, nbytes, offset = copy
+        if module.weight.device.type != "cpu" or module.weight.shape != weight.shape or module.weight.dtype != weight.dtype:
             self.in_flight -= nbytes  # moved or changed since the copy was queued: unused
+            self.ring.give(offset)
             return
         self.copies.compute_waits_for(event)
-        self.swapped[index] = (module.weight.data, module.bias.data if module.bias is not None else None, nbytes)
+        self.swapped[index] = (module.weight.data, module.bias.data if module.bias is not None else None, nbytes, offset)
         module.weight.data = weight
         if bias is not None:
             module.bias.data = bias
@@ -228,6 +324,7 @@ class Prefetcher:
             copy = self.ready.pop(index, None)
             if copy is not None:
                 self.in_flight -= copy[3]
+                self.ring.give(copy[4])
         self.position = position
         self.issued = max(self.issued, position)
 
@@ -239,14 +336,15 @@ class Prefetcher:
         if saved is None:
             return
         module = self.modules[index]
-        cpu_weight, cpu_bias, nbytes = saved
+        cpu_weight, cpu_bias, nbytes, offset = saved
         # The copy stream may reuse this memory only after this layer's compute is done: queue
-        # that wait before the VRAM copy is let go.
+        # that wait before the slot is given back.
         self.copies.copies_wait_for_compute()
         module.weight.data = cpu_weight
         if cpu_bias is not None:
             module.bias.data = cpu_bias
         self.in_flight -= nbytes
+        self.ring.give(offset)
         self._issue()
 
     def _restore_all(self):
@@ -277,7 +375,7 @@ def update(patcher, record, enabled: bool, window_bytes: int = 0) -> dict | None
         return None
     import torch
 
-    largest = max(Prefetcher._nbytes(m) for m in modules)
+    largest = max(block_bytes(m) for m in modules)  # the block holds the two largest copies at least
     reserved = max(comfy.offload_buffer_bytes(patcher), 2 * largest)
     free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     extra = min(max(0, (window_bytes or DEFAULT_WINDOW_BYTES) - reserved), record.cap_surplus_bytes, max(0, free - SAFETY_BYTES))
@@ -286,6 +384,11 @@ def update(patcher, record, enabled: bool, window_bytes: int = 0) -> dict | None
                                    stand_aside=lambda: _hook_patched(model_ref))
     log.info("Viking Engine: prefetching %d streamed layers, %.0f MiB ahead", len(modules), (reserved + extra) / 2**20)
     return summary(record)
+
+
+def _contiguous(module) -> bool:
+    bias = module.bias
+    return module.weight.is_contiguous() and (bias is None or bias.is_contiguous())
 
 
 def _hook_patched(model_ref) -> bool:

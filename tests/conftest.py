@@ -42,12 +42,12 @@ def comfy_env(comfy_version):
     return comfy_install(comfy_version)
 
 
-def run_checks(install, script, *args, expected: int) -> dict:
+def run_checks(install, script, *args, expected: int, env=None) -> dict:
     """Runs tests/SCRIPT under `install`'s Python with its tree first, the way the *_check.py
     scripts take it; they print named checks as JSON and exit 1 if one fails. Asserts every
     check passed and that there were `expected` of them (a check that went missing fails too)."""
     run = subprocess.run([str(install.python), f"{TESTS}/{script}", str(install.tree), *map(str, args)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     assert "{" in run.stdout, run.stderr[-3000:]
     checks = json.loads(run.stdout[run.stdout.index("{"):])
     failed = [name for name, ok in checks.items() if not ok]

@@ -5,13 +5,16 @@ elsewhere): the same bench scripts whose H200 figures are in bench/results/, at 
 - comfy_vram_cap.py: at each cap the weights stay under it, the prefetch ran (copies made along
   a recorded plan) and every output is bit-identical to the uncapped one.
 - cast_buffers_check.py: ComfyUI 0.33's own streaming buffers, freed by the seam once the
-  prefetch serves every streamed layer, and made again by ComfyUI after."""
+  prefetch serves every streamed layer, and made again by ComfyUI after.
+- prefetch_block_check.py: the prefetch's one block of device memory, with PyTorch's own
+  allocator and with cudaMallocAsync: outputs bit-identical, one block a run, its memory back."""
 
 import json
 import os
 from pathlib import Path
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -55,6 +58,15 @@ def test_prefetch_under_a_cap_on_gpu(tmp_path):
     assert result["ok"] and run.returncode == 0, result["rows"]
     viking = [r for r in result["rows"] if r["mode"] == "viking"]
     assert viking and all(r["prefetch"]["copied_bytes"] > 0 and r["prefetch"]["failed"] is None for r in viking), viking
+
+
+@pytest.mark.parametrize("allocator", ["native", "backend:cudaMallocAsync"])
+def test_prefetch_block_on_gpu(allocator):
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+    if allocator != "native":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = allocator
+    # This project's tree in the place of ComfyUI's: the check needs torch and comfy_node only.
+    run_checks(SimpleNamespace(python=sys.executable, tree=REPO_ROOT), "prefetch_block_check.py", expected=8, env=env)
 
 
 def test_comfy_033_cast_buffers_released_on_gpu():

@@ -1,12 +1,16 @@
 """The prefetcher's bookkeeping (comfy_node/prefetch.py), on the CPU: the real Prefetcher and its
-forward hooks on a real torch model, with a CPU stand-in for the four CUDA operations (a copy
-is a clone; the stream waits are recorded). What only a GPU can show (overlap, speed, VRAM) is
+forward hooks on a real torch model, with a CPU stand-in for the CUDA operations (a copy is
+written into a real CPU block at the offset the prefetcher's Ring gave, so two copies held at
+once in the same bytes would change the outputs; the stream waits are recorded). What only a GPU can show (overlap, speed, VRAM) is
 measured in bench/comfy_vram_cap.py and checked by tests/test_gpu_streaming.py there."""
 
+import random
+
+import pytest
 import torch
 
 from comfy_node.comfy import streamed_modules
-from comfy_node.prefetch import CudaCopies, Prefetcher
+from comfy_node.prefetch import ALIGN, CudaCopies, Prefetcher, Ring, aligned, block_bytes, place
 
 WIDTH = 64
 
@@ -36,18 +40,27 @@ class Net(torch.nn.Module):
 
 
 class CpuCopies:
-    """Stand-in for CudaCopies: same calls, CPU tensors, and a log of what was asked."""
+    """Stand-in for CudaCopies: same calls, a CPU block, and a log of what was asked."""
 
     def __init__(self):
         self.copies, self.compute_waits, self.copy_waits, self.takeovers = 0, 0, 0, 0
+        self.block, self.blocks_taken = None, 0
 
     def take_over_streaming(self):
         self.takeovers += 1
         return 1000  # bytes of ComfyUI's streaming buffers freed
 
-    def copy(self, tensor):
+    def copy(self, weight, bias, offset, capacity):
+        if self.block is None:
+            self.block, self.blocks_taken = torch.empty(capacity, dtype=torch.uint8), self.blocks_taken + 1
+        assert offset % ALIGN == 0 and offset + aligned(weight.nbytes) + (bias.nbytes if bias is not None else 0) <= capacity
         self.copies += 1
-        return tensor.detach().clone(), object()
+        weight_copy = place(self.block, weight.detach(), offset)
+        bias_copy = place(self.block, bias.detach(), offset + aligned(weight.nbytes)) if bias is not None else None
+        return weight_copy, bias_copy, object()
+
+    def release_block(self):
+        self.block = None
 
     def compute_waits_for(self, event):
         assert event is not None
@@ -65,7 +78,7 @@ def make(window_layers=3):
     net = Net()
     modules = streamed_modules(net)
     copies = CpuCopies()
-    prefetcher = Prefetcher(net, modules, "cpu", window_layers * layer_bytes(modules[0]), copies=copies)
+    prefetcher = Prefetcher(net, modules, "cpu", window_layers * aligned(block_bytes(modules[0])), copies=copies)
     originals = {id(m): m.weight.data_ptr() for m in modules}
     seen = {"swapped": 0, "max_in_flight": 0}
 
@@ -148,9 +161,10 @@ def test_an_interrupted_step_puts_every_weight_back():
 
 def test_idle_and_remove_let_go_of_everything():
     net, modules, prefetcher, copies, originals, seen, x = warmed()
-    assert prefetcher.ready and prefetcher.in_flight > 0
+    assert prefetcher.ready and prefetcher.in_flight > 0 and copies.block is not None
     prefetcher.idle()  # between sampling runs
     assert not prefetcher.ready and prefetcher.in_flight == 0
+    assert copies.block is None and not prefetcher.ring.slots  # the block goes back with the copies
     prefetcher.remove()
     assert not any(len(m._forward_pre_hooks) > 1 for m in modules)  # only the test's own watcher is left
     assert not net._forward_pre_hooks and not net._forward_hooks
@@ -163,3 +177,69 @@ def test_cuda_copies_take_nothing_until_the_first_copy():
     assert copies.stream is None
     copies.copies_wait_for_compute()
     assert copies.stream is None
+
+
+def test_one_block_serves_a_whole_run():
+    net, modules, prefetcher, copies, originals, seen, x = warmed(window_layers=2)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(net(x), Net()(x))
+    # Step 1 made no copy; every later step wrapped around the block (8 layers, room for 2).
+    assert copies.blocks_taken == 1 and copies.copies >= 8 * 4
+    assert prefetcher.ring.held_bytes() == sum(aligned(block_bytes(modules[i])) for i in prefetcher.ready)
+
+
+def test_a_non_contiguous_weight_is_left_to_comfyui():
+    net, modules, prefetcher, copies, originals, seen = make()
+    layer = modules[2]
+    layer.weight.data = layer.weight.data.t().contiguous().t()  # same values, transposed strides
+    originals[id(layer)] = layer.weight.data_ptr()
+    x = torch.randn(2, WIDTH)
+    with torch.no_grad():
+        reference = net(x)
+        assert torch.equal(net(x), reference) and torch.equal(net(x), reference)
+    assert seen["swapped"] == 7 * 2  # the other seven layers used their copies in steps 2 and 3
+    assert 2 not in prefetcher.ready and all_home(modules, originals)
+
+
+def test_ring_takes_in_order_wraps_and_reuses_what_was_given_back():
+    ring = Ring(4 * ALIGN)
+    a, b, c = ring.take(ALIGN), ring.take(ALIGN - 1), ring.take(2 * ALIGN)
+    assert (a, b, c) == (0, ALIGN, 2 * ALIGN)  # sizes round up to ALIGN
+    assert ring.take(1) is None  # full
+    ring.give(b)  # out of order: its bytes wait for the older slot
+    assert ring.take(1) is None
+    ring.give(a)
+    assert ring.take(2 * ALIGN) == 0  # wrapped to the start, in front of c
+    assert ring.take(1) is None
+    ring.give(c)
+    assert ring.take(2 * ALIGN) == 2 * ALIGN
+    assert ring.take(5 * ALIGN) is None  # larger than the block: never
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ring_never_hands_out_held_bytes(seed):
+    """Random takes and gives (in any order): held slots never overlap, stay inside the block,
+    and an empty ring always has room for anything the block can hold."""
+    rng = random.Random(seed)
+    capacity = rng.randrange(4, 40) * ALIGN + rng.randrange(ALIGN)
+    ring, held = Ring(capacity), {}
+    for _ in range(2000):
+        if held and rng.random() < 0.45:
+            offset = rng.choice(list(held))
+            ring.give(offset)
+            del held[offset]
+        else:
+            nbytes = rng.randrange(1, capacity // 3 + 1)
+            offset = ring.take(nbytes)
+            if offset is None:
+                assert held, "an empty ring refused what fits the block"
+                continue
+            assert offset % ALIGN == 0 and offset + nbytes <= capacity
+            for other, size in held.items():
+                assert offset + nbytes <= other or other + size <= offset, "two held slots share bytes"
+            held[offset] = nbytes
+        assert ring.held_bytes() == sum(aligned(n) for n in held.values())
+    for offset in list(held):
+        ring.give(offset)
+    assert not ring.slots
