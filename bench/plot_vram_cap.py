@@ -25,8 +25,9 @@ ax.plot([c for c, _ in floor], [f for _, f in floor], "k--", label="floor: max(s
 ax.axhline(data["all_in_vram_step_s"], color="grey", linewidth=0.8, linestyle=":", label="all weights in VRAM")
 ax.set_xlabel("VRAM cap for the model's weights (GiB)")
 ax.set_ylabel(f"seconds per step (median of {data.get('reps', 3)})")
-ax.set_title(f"{data['device']}, {data['date']}, commit {data.get('commit', '?')}: {data['model_bytes'] / 1e9:.1f} GB Flux-shaped model, 1024x1024\n"
-             f"link {data['link_gb_per_s']:.1f} GB/s; outputs bit-identical in every row", fontsize=10)
+# The stamped device already ends with the date (bench/stamp.py).
+ax.set_title(f"{data['device']}, commit {data.get('commit', '?')}\n{data['model_bytes'] / 1e9:.1f} GB Flux-shaped model, 1024x1024, "
+             f"link {data['link_gb_per_s']:.1f} GB/s; outputs bit-identical in every row", fontsize=9)
 ax.set_ylim(bottom=0)
 ax.legend(fontsize=8)
 fig.tight_layout()
