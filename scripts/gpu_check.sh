@@ -23,6 +23,7 @@
 #   rounds2     the same for two models in ComfyUI's default dynamic mode
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
 #               0.33 static alone and with the Pin Model, as is, prefetch off, --disable-cuda-malloc
+#   staticorder the same, as is, after two dynamic-mode servers with Viking (as part dynamic runs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -139,9 +140,16 @@ rounds_bench() {
 part_rounds() { rounds_bench gpu_dynamic_rounds.json dynamic_fastdisk_two dynamic_fastdisk_two_nodes; }
 part_rounds1() { rounds_bench gpu_dynamic_rounds_one.json dynamic dynamic_nodes; }
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
-part_staticvram() {
-    python3 bench/probes/static_vram.py "$OUT/gpu_probe_static_vram.json" --depth "${DYNAMIC_DEPTH:-8}" \
-        --free-gib "${DYNAMIC_FREE_GIB:-6}" 2>&1 | tee "$OUT/static_vram.log" | grep -v '^static' | tail -30
+static_probe() {  # RESULT_FILE ARGS...
+    local result="$1"
+    shift
+    python3 bench/probes/static_vram.py "$OUT/$result" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" "$@" 2>&1 \
+        | tee "$OUT/${result%.json}.log" | grep -v '^static' | tail -30
+}
+part_staticvram() { static_probe gpu_probe_static_vram.json; }
+# As part dynamic runs it: after two dynamic-mode servers with Viking.
+part_staticorder() {
+    static_probe gpu_probe_static_vram_order.json --variants default --modes dynamic_nodes,dynamic_engine,static,static_nodes
 }
 
 case "${1:-}" in
@@ -154,5 +162,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds|rounds1|rounds2|staticvram]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds|rounds1|rounds2|staticvram|staticorder]..." >&2; exit 2 ;;
 esac
