@@ -163,6 +163,12 @@ on_report = lifecycle.attach(off, dataclasses.replace(off_settings, file_residen
 native.settle()
 checks["file_residency on again: the same model's pages pinned at once"] = (
     on_report["pinned_bytes"] == on_report["wanted_bytes"] == 64 * MIB and locked_bytes() - off_before >= 64 * MIB)
+off_again = lifecycle.attach(off, off_settings)  # and off again: what it locked is let go
+native.settle()
+gc.collect()
+checks["file_residency off again: its pins, locks and view let go"] = (
+    off_again["pinned_bytes"] == 0 and not off_record.file_views and views_of(off_path) == 1
+    and locked_bytes() - off_before < MIB)
 lifecycle.forget(off_record.owner)
 
 # --- a file truncated on disk -----------------------------------------------------------------

@@ -12,4 +12,4 @@ def test_dynamic_mode_parts_without_a_gpu(tmp_path):
     reason = comfy_unavailable("0.33")
     if reason:
         pytest.skip(reason)
-    run_checks(comfy_install("0.33"), "dynamic_check.py", tmp_path, expected=37)
+    run_checks(comfy_install("0.33"), "dynamic_check.py", tmp_path, expected=38)
