@@ -44,6 +44,24 @@ PY033="$VENV033/bin/python"
 
 log() { printf '[setup] %s\n' "$*"; }
 
+# pip's wheel cache would hold a second copy of torch and the CUDA libraries (several GB) that a
+# fresh machine never reads again; CI once ran out of disk in the 0.33 step with it.
+# VIKING_PIP_CACHE=1 keeps pip's cache (faster when the environments are made again and again).
+[[ -n "${VIKING_PIP_CACHE:-}" ]] || export PIP_NO_CACHE_DIR=1
+
+# need_disk DIR GB WHAT: stop with a clear message when DIR's file system has less than GB free
+# (the step would fail half-way with pip's "No space left on device").
+need_disk() {
+    local dir="$1" need_gb="$2" what="$3" free_kb
+    mkdir -p "$dir"
+    free_kb="$(df -Pk "$dir" | awk 'NR==2 {print $4}')"
+    log "disk: $((free_kb / 1048576)) GB free at $dir; $what needs about $need_gb GB"
+    if (( free_kb < need_gb * 1048576 )); then
+        log "not enough disk for $what: free at least $need_gb GB on the file system of $dir and rerun"
+        return 1
+    fi
+}
+
 # stamp_for DIR FUNCTION [FILE...]: the stamp path in DIR made from the text of FUNCTION (and of
 # the FILEs), so editing one install step redoes only that step.
 stamp_for() {
@@ -82,6 +100,8 @@ install_packages() {
     local stamp; stamp="$(stamp_for "$VENV" install_packages)"
     if [[ -f "$stamp" && -z "${FORCE:-}" ]]; then log "packages up to date ($(basename "$stamp"))"; return; fi
     rm -f "$VENV"/.setup-stamp-*
+    # measured from scratch without pip's cache: 6.4 GB installed, about 7 more at its peak
+    need_disk "$VENV" 8 "the test environment's packages (torch with its CUDA libraries)"
     log "pip: torch torchvision torchaudio maturin pytest requests playwright"
     # playwright drives Debian's Chromium in the web-panel test (it never downloads a browser).
     "$PY" -m pip install -q torch torchvision torchaudio maturin pytest requests playwright
@@ -194,6 +214,8 @@ install_packages033() {   # .comfy/venv-0.33: ComfyUI 0.33's requirements.txt as
     stamp="$(stamp_for "$VENV033" install_packages033 "$COMFY033_DIR/requirements.txt")"
     if [[ -f "$stamp" && -z "${FORCE:-}" ]]; then log "ComfyUI 0.33 packages up to date ($(basename "$stamp"))"; return; fi
     rm -f "$VENV033"/.setup-stamp-*
+    # measured from scratch without pip's cache: 6.8 GB installed, 10 GB at its peak (unpacking)
+    need_disk "$VENV033" 10 "ComfyUI 0.33's packages (torch with its CUDA libraries)"
     "$PY033" -m pip install -q --upgrade pip
     # All of it, the "non essential" part too (kornia, spandrel, pydantic, PyOpenGL, comfy-angle):
     # what a user's `pip install -r requirements.txt` gives. torch comes unpinned, as there.
