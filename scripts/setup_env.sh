@@ -49,11 +49,12 @@ log() { printf '[setup] %s\n' "$*"; }
 # VIKING_PIP_CACHE=1 keeps pip's cache (faster when the environments are made again and again).
 [[ -n "${VIKING_PIP_CACHE:-}" ]] || export PIP_NO_CACHE_DIR=1
 
-# need_disk DIR GB WHAT: stop with a clear message when DIR's file system has less than GB free
-# (the step would fail half-way with pip's "No space left on device").
-need_disk() {
-    local dir="$1" need_gb="$2" what="$3" free_kb
-    mkdir -p "$dir"
+# need_disk_for_torch PY DIR GB WHAT: while PY has no torch yet (a re-run after an edit installs
+# little), stop with a clear message when DIR's file system has less than GB free (the step would
+# fail half-way with pip's "No space left on device").
+need_disk_for_torch() {
+    local py="$1" dir="$2" need_gb="$3" what="$4" free_kb
+    "$py" -c "import torch" 2>/dev/null && return
     free_kb="$(df -Pk "$dir" | awk 'NR==2 {print $4}')"
     log "disk: $((free_kb / 1048576)) GB free at $dir; $what needs about $need_gb GB"
     if (( free_kb < need_gb * 1048576 )); then
@@ -101,9 +102,8 @@ install_packages() {
     if [[ -f "$stamp" && -z "${FORCE:-}" ]]; then log "packages up to date ($(basename "$stamp"))"; return; fi
     rm -f "$VENV"/.setup-stamp-*
     # From scratch without pip's cache it ends at 6.4 GB (measured; the whole set-up peaked 16.6 GB
-    # above its start). Only checked while torch is missing: a re-run after an edit adds little.
-    "$PY" -c "import torch" 2>/dev/null \
-        || need_disk "$VENV" 8 "the test environment's packages (torch with its CUDA libraries)"
+    # above its start).
+    need_disk_for_torch "$PY" "$VENV" 8 "the test environment's packages (torch with its CUDA libraries)"
     log "pip: torch torchvision torchaudio maturin pytest requests playwright"
     # playwright drives Debian's Chromium in the web-panel test (it never downloads a browser).
     "$PY" -m pip install -q torch torchvision torchaudio maturin pytest requests playwright
@@ -217,8 +217,7 @@ install_packages033() {   # .comfy/venv-0.33: ComfyUI 0.33's requirements.txt as
     if [[ -f "$stamp" && -z "${FORCE:-}" ]]; then log "ComfyUI 0.33 packages up to date ($(basename "$stamp"))"; return; fi
     rm -f "$VENV033"/.setup-stamp-*
     # From scratch without pip's cache it ends at 6.8 GB (measured), more while pip unpacks.
-    "$PY033" -c "import torch" 2>/dev/null \
-        || need_disk "$VENV033" 10 "ComfyUI 0.33's packages (torch with its CUDA libraries)"
+    need_disk_for_torch "$PY033" "$VENV033" 10 "ComfyUI 0.33's packages (torch with its CUDA libraries)"
     "$PY033" -m pip install -q --upgrade pip
     # All of it, the "non essential" part too (kornia, spandrel, pydantic, PyOpenGL, comfy-angle):
     # what a user's `pip install -r requirements.txt` gives. torch comes unpinned, as there.
