@@ -1,5 +1,5 @@
-"""Plots bench/results/gpu_dynamic_rounds_one.json, gpu_dynamic_fastdisk.json and
-gpu_dynamic_rounds.json: seconds per prompt (cold start, five warm, after pressure) and peak RSS /
+"""Plots bench/results/gpu_dynamic_rounds_one.json, gpu_dynamic_fastdisk.json,
+gpu_dynamic_rounds.json and gpu_dynamic_rounds_two_default.json: seconds per prompt (cold start, five warm, after pressure) and peak RSS /
 largest PSS per server, ComfyUI 0.33 dynamic VRAM alone and with Viking.
 usage: python bench/plot_dynamic.py  (writes bench/results/gpu_dynamic.png)"""
 
@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FILES = {"default dynamic mode, 3 servers each": "gpu_dynamic_rounds_one.json", "--fast-disk": "gpu_dynamic_fastdisk.json",
-         "two models taking turns, --fast-disk, 3 servers each": "gpu_dynamic_rounds.json"}
+         "two models taking turns, --fast-disk, 3 servers each": "gpu_dynamic_rounds.json",
+         "two models taking turns, default mode, 3 servers each": "gpu_dynamic_rounds_two_default.json"}
 KINDS = {"nodes": "+ Pin Model", "engine": "+ engine mode", "clone": "clone node, no Viking"}
 
 
@@ -23,7 +24,7 @@ def label(mode: str) -> str:
     return (KINDS[kind] if kind else "ComfyUI alone") + (f" #{server}" if server else "")
 
 
-fig, axes = plt.subplots(2, 3, figsize=(19, 8))
+fig, axes = plt.subplots(2, len(FILES), figsize=(6.3 * len(FILES), 8))
 for column, (title, name) in enumerate(FILES.items()):
     data = json.loads((RESULTS / name).read_text())
     times, memory = axes[0][column], axes[1][column]

@@ -40,7 +40,7 @@ SOURCES = {
     "gpu_server_0_33.json": NATIVE + SERVER + NOT_DYNAMIC + ["bench/gpu_server.py"],  # --disable-dynamic-vram
     "gpu_dynamic.json": DYNAMIC_BENCH,
     "gpu_dynamic_fastdisk.json": DYNAMIC_BENCH,
-    "gpu_dynamic_two.json": DYNAMIC_BENCH,
+    "gpu_dynamic_rounds_two_default.json": DYNAMIC_BENCH,
     "gpu_dynamic_rounds.json": DYNAMIC_BENCH,
     "gpu_dynamic_rounds_one.json": DYNAMIC_BENCH,
     "gpu_server_0_33_dynamic.json": NATIVE + SERVER + ["bench/gpu_server.py"],  # the default dynamic VRAM mode
@@ -48,7 +48,6 @@ SOURCES = {
                                               "tests/memory_cgroup.py"],
     "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
     "gpu_probe_static_vram.json": DYNAMIC_BENCH + ["bench/probes/static_vram.py"],  # runs gpu_dynamic.py in-process
-    "gpu_probe_static_vram_order.json": DYNAMIC_BENCH + ["bench/probes/static_vram.py"],
     "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
     "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
@@ -224,11 +223,6 @@ def dynamic_fastdisk():
     return dynamic_table("gpu_dynamic_fastdisk.json", "dynamic_fastdisk", ["dynamic_fastdisk_nodes", "dynamic_fastdisk_engine"])
 
 
-def dynamic_two():
-    # its --fast-disk modes: measured again, three servers each, in gpu_dynamic_rounds.json
-    return dynamic_table("gpu_dynamic_two.json", "dynamic_two", ["dynamic_two_nodes"])
-
-
 def viking_ms_per_prompt(prompts) -> list[float]:
     """Milliseconds Viking spent inside ComfyUI's calls in each prompt (the status's
     `time_in_viking` counts since the server started)."""
@@ -275,8 +269,12 @@ def dynamic_rounds_one():
     return dynamic_rounds("gpu_dynamic_rounds_one.json", "dynamic", "dynamic_nodes")
 
 
-def dynamic_rounds_two():
+def dynamic_rounds_fastdisk_two():
     return dynamic_rounds("gpu_dynamic_rounds.json", "dynamic_fastdisk_two", "dynamic_fastdisk_two_nodes")
+
+
+def dynamic_rounds_two_default():
+    return dynamic_rounds("gpu_dynamic_rounds_two_default.json", "dynamic_two", "dynamic_two_nodes")
 
 
 def container():
@@ -358,13 +356,12 @@ def plan():
 
 FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,
            "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "gpu_dynamic_fastdisk.json": dynamic_fastdisk,
-           "gpu_dynamic_two.json": dynamic_two, "gpu_server_0_33_dynamic.json": server_dynamic,
-           "gpu_dynamic_rounds_one.json": dynamic_rounds_one, "gpu_dynamic_rounds.json": dynamic_rounds_two,
+           "gpu_server_0_33_dynamic.json": server_dynamic,
+           "gpu_dynamic_rounds_one.json": dynamic_rounds_one, "gpu_dynamic_rounds.json": dynamic_rounds_fastdisk_two,
+           "gpu_dynamic_rounds_two_default.json": dynamic_rounds_two_default,
            "container_residency_cpu.json": container,
            "event_cost_cpu.json": event_cost, "plan.json": plan,
            "gpu_probe_static_vram.json": lambda: static_vram("gpu_probe_static_vram.json"),
-           "gpu_probe_static_vram_order.json": lambda: static_vram("gpu_probe_static_vram_order.json",
-                                                                   "as is, after two dynamic-mode servers with Viking"),
            "swap_cpu.json": swap}
 
 
