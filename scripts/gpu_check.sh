@@ -24,6 +24,9 @@
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
 #               0.33 static alone and with the Pin Model, as is, prefetch off, --disable-cuda-malloc
 #   staticorder the same, as is, after two dynamic-mode servers with Viking (as part dynamic runs it)
+#   twocold     per-node times of every prompt, two models in the default dynamic mode: alone, the
+#               Pin Model, engine mode, a clone node, the pack installed but unused
+#               (bench/probes/node_times.py; the cold start that is 1.13x with the Pin Model)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -152,6 +155,11 @@ part_staticorder() {
     static_probe gpu_probe_static_vram_order.json --variants default --modes dynamic_nodes,dynamic_engine,static,static_nodes
 }
 
+part_twocold() {
+    python3 bench/probes/node_times.py "$OUT/gpu_probe_node_times.json" --depth "${DYNAMIC_DEPTH:-8}" \
+        --free-gib "${DYNAMIC_FREE_GIB:-6}" 2>&1 | tee "$OUT/gpu_probe_node_times.log" | tail -12
+}
+
 case "${1:-}" in
     carry) carry ;;
     install)
@@ -162,5 +170,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds|rounds1|rounds2|staticvram|staticorder]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds|rounds1|rounds2|staticvram|staticorder|twocold]..." >&2; exit 2 ;;
 esac

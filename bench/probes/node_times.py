@@ -1,0 +1,140 @@
+"""Where a prompt's seconds go, node by node: bench/gpu_dynamic.py (unchanged, in-process) with
+the time ComfyUI starts each node, read from ComfyUI's own "executing" messages on its websocket,
+and ComfyUI's log lines about loading and staging, per prompt.
+
+Why: with two models in ComfyUI 0.33's default dynamic mode, the cold start took 1.13x as long
+with the Pin Model on each (gpu_dynamic_rounds_two_default.json, all three Viking servers
+slower), while Viking's own time in ComfyUI's callbacks was 10-12 ms. That count leaves out the
+Pin nodes' own run and anything Viking's presence changes in ComfyUI's order of work. Per-node
+times, next to modes that take one piece away each, say which:
+  dynamic_two            ComfyUI alone
+  dynamic_two_nodes      the Pin Model on each model (a clone, callbacks, wrappers, the node's run)
+  dynamic_two_engine     engine mode: Viking on every model, no node, no clone
+  dynamic_two_clone      a plain clone node, no Viking
+  dynamic_two#installed  the node pack installed and loaded, no node in the graph, engine mode off
+
+usage: python bench/probes/node_times.py OUT.json [gpu_dynamic.py's options, --modes with any of its
+       modes, a mode ending in #installed gets the pack installed but unused]
+       (run by ComfyUI 0.33's Python; writes OUT.json, the bench's own file beside it as OUT.bench.json)
+"""
+import asyncio
+import json
+import re
+import runpy
+import sys
+import threading
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent
+REPO = BENCH.parent
+sys.path[:0] = [str(REPO / "tests"), str(BENCH)]
+
+import comfy_server  # noqa: E402
+from flux_model import arg  # noqa: E402
+
+DEFAULT_MODES = "dynamic_two,dynamic_two_nodes,dynamic_two_engine,dynamic_two_clone,dynamic_two#installed"
+CLIENT_ID = "viking-tests"  # the client id comfy_server posts prompts with: ComfyUI sends it the node events
+LOAD_LINES = re.compile(r"Requested to load|prepared for dynamic VRAM|loaded completely|loaded partially|Unloaded"
+                        r"|models unloaded|Prompt executed|Viking Engine")
+
+
+class NodeClock:
+    """Listens on a server's websocket and keeps (monotonic seconds, event, node) for the
+    messages that mark a node's start and a prompt's start and end."""
+
+    def __init__(self, url: str):
+        self.events: list[tuple[float, str, str | None]] = []
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        threading.Thread(target=lambda: asyncio.run(self._listen(url)), daemon=True).start()
+        if not self._ready.wait(30):
+            raise RuntimeError(f"no websocket at {url}/ws")
+
+    async def _listen(self, url: str):
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"{url}/ws?clientId={CLIENT_ID}", max_msg_size=0) as ws:
+                self._ready.set()
+                async for message in ws:
+                    if message.type != aiohttp.WSMsgType.TEXT:
+                        continue  # previews come as binary frames
+                    body = json.loads(message.data)
+                    if body.get("type") in ("execution_start", "executing", "execution_cached", "execution_success"):
+                        with self._lock:
+                            self.events.append((time.monotonic(), body["type"], (body.get("data") or {}).get("node")))
+
+    def take(self) -> list[tuple[float, str, str | None]]:
+        with self._lock:
+            events, self.events = self.events, []
+        return events
+
+
+def node_seconds(events, graph: dict) -> list[dict]:
+    """Each node that ran, in order, with the seconds until the next node (or the prompt's end)
+    started: ComfyUI announces a node when it starts it."""
+    marks = [(t, node) for t, kind, node in events if kind == "executing" or kind == "execution_success"]
+    out = []
+    for (started, node), (ended, _) in zip(marks, marks[1:]):
+        if node is not None:
+            out.append(dict(node=node, class_type=graph.get(node, {}).get("class_type"), seconds=round(ended - started, 4)))
+    return out
+
+
+def mode_of(base_dir: Path, modes: list[str]) -> str:
+    """gpu_dynamic names each server's base folder gpu_dynamic_<mode, '#' as '_'>_<random>."""
+    name = base_dir.name.removeprefix("gpu_dynamic_")
+    return next(m for m in sorted(modes, key=len, reverse=True) if name.startswith(m.replace("#", "_") + "_"))
+
+
+def main():
+    out = sys.argv[1]
+    modes = arg("--modes", DEFAULT_MODES, str).split(",")
+    passed = sys.argv[2:]
+    if "--modes" in passed:
+        at = passed.index("--modes")
+        del passed[at:at + 2]
+    trace = []
+    result = dict(probe="node_times", date=time.strftime("%Y-%m-%d"), args=passed, modes=modes, prompts=trace)
+    prepare, start, run_prompt = comfy_server.prepare_base_dir, comfy_server.ComfyServer.start, comfy_server.ComfyServer.run_prompt
+    log_offsets = {}
+
+    def prepare_base_dir(base, custom_nodes=None, **kwargs):
+        if mode_of(Path(base), modes).endswith("#installed"):
+            custom_nodes = {**(custom_nodes or {}), "viking_engine": REPO}
+        return prepare(base, custom_nodes=custom_nodes, **kwargs)
+
+    def traced_start(server):
+        start(server)
+        server.node_clock = NodeClock(server.url)
+
+    def traced_run_prompt(server, api_graph, timeout=300):
+        server.node_clock.take()
+        try:
+            return run_prompt(server, api_graph, timeout)
+        finally:
+            time.sleep(0.2)  # the last messages of the prompt
+            text = server.log_text()
+            new, log_offsets[server.port] = text[log_offsets.get(server.port, 0):], len(text)
+            nodes = node_seconds(server.node_clock.take(), api_graph)
+            trace.append(dict(mode=mode_of(server.base_dir, modes), nodes=nodes, seconds=round(sum(n["seconds"] for n in nodes), 3),
+                              log=[line.strip() for line in new.splitlines() if LOAD_LINES.search(line)]))
+            json.dump(result, open(out, "w"), indent=1)
+
+    # gpu_dynamic.py imports these names when it runs, so it gets the traced ones.
+    comfy_server.prepare_base_dir = prepare_base_dir
+    comfy_server.ComfyServer.start, comfy_server.ComfyServer.run_prompt = traced_start, traced_run_prompt
+    sys.argv = [str(BENCH / "gpu_dynamic.py"), out.removesuffix(".json") + ".bench.json", "--modes", ",".join(modes), *passed]
+    try:
+        runpy.run_path(str(BENCH / "gpu_dynamic.py"), run_name="__main__")
+    except SystemExit:
+        pass  # gpu_dynamic exits 1 when a check fails: its checks are in its own file
+    for mode in modes:
+        rows = [p for p in trace if p["mode"] == mode]
+        if rows:
+            print(mode, "cold:", ", ".join(f"{n['class_type']} {n['seconds']:.2f} s" for n in rows[0]["nodes"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
