@@ -11,10 +11,16 @@ times, next to modes that take one piece away each, say which:
   dynamic_two_nodes      the Pin Model on each model (a clone, callbacks, wrappers, the node's run)
   dynamic_two_engine     engine mode: Viking on every model, no node, no clone
   dynamic_two_clone      a plain clone node, no Viking
+  dynamic_two_clone#output  the same clone node declared an output node: ComfyUI runs output
+                         nodes, and the nodes that feed them, first (ux_friendly_pick_node)
   dynamic_two#installed  the node pack installed and loaded, no node in the graph, engine mode off
+On the CPU, any node between loader and sampler made ComfyUI load the second model only after
+the first had sampled (alone: both loaders first); an output node should give alone's order
+back, and this shows whether that order is what the cold start pays for.
 
 usage: python bench/probes/node_times.py OUT.json [gpu_dynamic.py's options, --modes with any of its
-       modes, a mode ending in #installed gets the pack installed but unused]
+       modes; a mode ending in #installed gets the pack installed but unused, one ending in #output
+       its clone node as an output node]
        (run by ComfyUI 0.33's Python; writes OUT.json, the bench's own file beside it as OUT.bench.json)
 """
 import asyncio
@@ -33,8 +39,24 @@ sys.path[:0] = [str(REPO / "tests"), str(BENCH)]
 import comfy_server  # noqa: E402
 from flux_model import arg  # noqa: E402
 
-DEFAULT_MODES = "dynamic_two,dynamic_two_nodes,dynamic_two_engine,dynamic_two_clone,dynamic_two#installed"
+DEFAULT_MODES = "dynamic_two,dynamic_two_nodes,dynamic_two_engine,dynamic_two_clone,dynamic_two_clone#output,dynamic_two#installed"
 CLIENT_ID = "viking-tests"  # the client id comfy_server posts prompts with: ComfyUI sends it the node events
+OUTPUT_CLONE = '''
+class VikingBenchCloneOutput:
+    """model.clone() as an output node."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",)}}
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "clone"
+    CATEGORY = "bench"
+    OUTPUT_NODE = True
+
+    def clone(self, model):
+        return (model.clone(),)
+
+NODE_CLASS_MAPPINGS = {"VikingBenchCloneOutput": VikingBenchCloneOutput}
+'''
 LOAD_LINES = re.compile(r"Requested to load|prepared for dynamic VRAM|loaded completely|loaded partially|Unloaded"
                         r"|models unloaded|Prompt executed|Viking Engine")
 
@@ -101,15 +123,24 @@ def main():
     log_offsets = {}
 
     def prepare_base_dir(base, custom_nodes=None, **kwargs):
-        if mode_of(Path(base), modes).endswith("#installed"):
+        mode = mode_of(Path(base), modes)
+        if mode.endswith("#installed"):
             custom_nodes = {**(custom_nodes or {}), "viking_engine": REPO}
-        return prepare(base, custom_nodes=custom_nodes, **kwargs)
+        prepared = prepare(base, custom_nodes=custom_nodes, **kwargs)
+        if mode.endswith("#output"):
+            (prepared / "custom_nodes" / "viking_bench_output").mkdir()
+            (prepared / "custom_nodes" / "viking_bench_output" / "__init__.py").write_text(OUTPUT_CLONE)
+        return prepared
 
     def traced_start(server):
         start(server)
         server.node_clock = NodeClock(server.url)
 
     def traced_run_prompt(server, api_graph, timeout=300):
+        if mode_of(server.base_dir, modes).endswith("#output"):
+            for node in api_graph.values():
+                if node["class_type"] == "VikingBenchClone":
+                    node["class_type"] = "VikingBenchCloneOutput"
         server.node_clock.take()
         try:
             return run_prompt(server, api_graph, timeout)
