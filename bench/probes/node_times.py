@@ -9,14 +9,16 @@ Pin nodes' own run and anything Viking's presence changes in ComfyUI's order of 
 times, next to modes that take one piece away each, say which:
   dynamic_two            ComfyUI alone
   dynamic_two_nodes      the Pin Model on each model (a clone, callbacks, wrappers, the node's run)
+  dynamic_two_nodes#output  the same with the Pin nodes declared output nodes (their spec's
+                         output_node, set in this server's copy of the pack)
   dynamic_two_engine     engine mode: Viking on every model, no node, no clone
   dynamic_two_clone      a plain clone node, no Viking
   dynamic_two_clone#output  the same clone node declared an output node: ComfyUI runs output
                          nodes, and the nodes that feed them, first (ux_friendly_pick_node)
   dynamic_two#installed  the node pack installed and loaded, no node in the graph, engine mode off
 On the CPU, any node between loader and sampler made ComfyUI load the second model only after
-the first had sampled (alone: both loaders first); an output node should give alone's order
-back, and this shows whether that order is what the cold start pays for.
+the first had sampled (alone: both loaders first); as an output node, the clone and the Pin
+Model give alone's order back. This shows whether that order is what the cold start pays for.
 
 usage: python bench/probes/node_times.py OUT.json [gpu_dynamic.py's options, --modes with any of its
        modes; a mode ending in #installed gets the pack installed but unused, one ending in #output
@@ -39,7 +41,7 @@ sys.path[:0] = [str(REPO / "tests"), str(BENCH)]
 import comfy_server  # noqa: E402
 from flux_model import arg  # noqa: E402
 
-DEFAULT_MODES = "dynamic_two,dynamic_two_nodes,dynamic_two_engine,dynamic_two_clone,dynamic_two_clone#output,dynamic_two#installed"
+DEFAULT_MODES = "dynamic_two,dynamic_two_nodes,dynamic_two_nodes#output,dynamic_two_clone,dynamic_two_clone#output,dynamic_two_engine"
 CLIENT_ID = "viking-tests"  # the client id comfy_server posts prompts with: ComfyUI sends it the node events
 LOAD_LINES = re.compile(r"Requested to load|prepared for dynamic VRAM|loaded completely|loaded partially|Unloaded"
                         r"|models unloaded|Prompt executed|Viking Engine")
@@ -88,6 +90,13 @@ def node_seconds(events, graph: dict) -> list[dict]:
     return out
 
 
+def output_node(source: Path, line: str):
+    """Appends `line`, which flags a node class as an output node, to this server's copy of a
+    node pack's source (the bench's clone node; the Viking pack, copied per server)."""
+    if source.exists():
+        source.write_text(source.read_text() + "\n" + line + "\n")
+
+
 def mode_of(base_dir: Path, modes: list[str]) -> str:
     """gpu_dynamic names each server's base folder gpu_dynamic_<mode, '#' as '_'>_<random>."""
     name = base_dir.name.removeprefix("gpu_dynamic_")
@@ -112,9 +121,11 @@ def main():
         return prepare(base, custom_nodes=custom_nodes, **kwargs)
 
     def traced_start(server):
-        if mode_of(server.base_dir, modes).endswith("#output"):  # the bench's own clone node, flagged
-            bench_nodes = server.base_dir / "custom_nodes" / "viking_bench_nodes" / "__init__.py"
-            bench_nodes.write_text(bench_nodes.read_text() + "\nVikingBenchClone.OUTPUT_NODE = True\n")
+        if mode_of(server.base_dir, modes).endswith("#output"):
+            output_node(server.base_dir / "custom_nodes" / "viking_bench_nodes" / "__init__.py",
+                        "VikingBenchClone.OUTPUT_NODE = True")
+            output_node(server.base_dir / "custom_nodes" / "viking_engine" / "comfy_node" / "nodes.py",
+                        "for _spec in SPECS:\n    _spec.output_node = _spec.output_node or _spec.node_id.startswith('VikingPin')")
         start(server)
         server.node_clock = NodeClock(server.url)
 
