@@ -1,6 +1,6 @@
 """Plots bench/results/gpu_dynamic_rounds_one.json, gpu_dynamic_fastdisk.json,
-gpu_dynamic_rounds.json and gpu_dynamic_rounds_two_default.json: seconds per prompt (cold start, five warm, after pressure) and peak RSS /
-largest PSS per server, ComfyUI 0.33 dynamic VRAM alone and with Viking.
+gpu_dynamic_rounds.json and gpu_dynamic_rounds_two_default.json: seconds per prompt (cold start,
+five warm, after pressure) and peak RSS / largest PSS per server, ComfyUI 0.33 dynamic VRAM alone and with Viking.
 usage: python bench/plot_dynamic.py  (writes bench/results/gpu_dynamic.png)"""
 
 import json

@@ -48,11 +48,11 @@ LOAD_LINES = re.compile(r"Requested to load|prepared for dynamic VRAM|loaded com
 
 
 class NodeClock:
-    """Listens on a server's websocket and keeps (monotonic seconds, event, node) for the
-    messages that mark a node's start and a prompt's start and end."""
+    """Listens on a server's websocket and keeps (monotonic seconds, node) for each message that
+    marks a node's start ("executing"; node None once the prompt is done) or the prompt's end."""
 
     def __init__(self, url: str):
-        self.events: list[tuple[float, str, str | None]] = []
+        self.events: list[tuple[float, str | None]] = []
         self._lock = threading.Lock()
         self._ready = threading.Event()
         threading.Thread(target=lambda: asyncio.run(self._listen(url)), daemon=True).start()
@@ -69,11 +69,11 @@ class NodeClock:
                     if message.type != aiohttp.WSMsgType.TEXT:
                         continue  # previews come as binary frames
                     body = json.loads(message.data)
-                    if body.get("type") in ("execution_start", "executing", "execution_cached", "execution_success"):
+                    if body.get("type") in ("executing", "execution_success"):
                         with self._lock:
-                            self.events.append((time.monotonic(), body["type"], (body.get("data") or {}).get("node")))
+                            self.events.append((time.monotonic(), (body.get("data") or {}).get("node")))
 
-    def take(self) -> list[tuple[float, str, str | None]]:
+    def take(self) -> list[tuple[float, str | None]]:
         with self._lock:
             events, self.events = self.events, []
         return events
@@ -82,9 +82,8 @@ class NodeClock:
 def node_seconds(events, graph: dict) -> list[dict]:
     """Each node that ran, in order, with the seconds until the next node (or the prompt's end)
     started: ComfyUI announces a node when it starts it."""
-    marks = [(t, node) for t, kind, node in events if kind == "executing" or kind == "execution_success"]
     out = []
-    for (started, node), (ended, _) in zip(marks, marks[1:]):
+    for (started, node), (ended, _) in zip(events, events[1:]):
         if node is not None:
             out.append(dict(node=node, class_type=graph.get(node, {}).get("class_type"), seconds=round(ended - started, 4)))
     return out
