@@ -137,6 +137,11 @@ def _pin_spec(node_id: str, kind: str, display: str, description: str, extra_inp
                                       i.get("prefetch", True), i.get("file_residency", True)),
         # Cached like any node, but re-run after a Viking Unpin so the model is pinned again.
         fingerprint=lifecycle.unpin_generation,
+        # ComfyUI runs output nodes, and the nodes that feed them, first (ux_friendly_pick_node).
+        # As a plain node between loader and sampler, the Pin node made ComfyUI sample the first
+        # model before it loaded the second (any such node does, a LoRA loader too); as an output
+        # node every loader feeding a Pin node runs before the first sampler, as without Viking.
+        output_node=True,
     )
 
 

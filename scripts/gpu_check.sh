@@ -25,9 +25,9 @@
 #               0.33 static alone and with the Pin Model, as is, prefetch off, --disable-cuda-malloc
 #   staticorder the same, as is, after two dynamic-mode servers with Viking (as part dynamic runs it)
 #   twocold     per-node times of every prompt, two models in the default dynamic mode: alone, the
-#               Pin Model, the Pin Model as an output node, a clone node, the clone as an output
-#               node, engine mode (bench/probes/node_times.py; the cold start that is 1.13x with
-#               the Pin Model)
+#               Pin Model (output nodes), the Pin Model as plain nodes (as before), a clone node,
+#               the clone as an output node, engine mode (bench/probes/node_times.py; the cold
+#               start that was 1.13x with the Pin Model as a plain node)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

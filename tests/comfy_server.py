@@ -16,6 +16,7 @@ Two ComfyUI installs, each a tree and the Python that runs it (COMFY_INSTALLS):
 
 The server only ever listens on 127.0.0.1 and is always stopped when the `with` block ends.
 """
+import asyncio
 import atexit
 import hashlib
 import json
@@ -26,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +38,7 @@ COMFY_DIR = REPO_ROOT / ".comfy" / "ComfyUI"                # ComfyUI 0.3.75 (th
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
 CACHE_DIR = REPO_ROOT / ".comfy" / "cache"
 CKPT_NAME = "synthetic_sd15.safetensors"
+CLIENT_ID = "viking-tests"  # the client id prompts are posted with: ComfyUI sends it the node events
 
 # What never goes into an installed custom node folder (a user's copy has none of these).
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", ".comfy", "target", "__pycache__", "*.pyc",
@@ -274,7 +277,7 @@ class ComfyServer:
             self._object_info = self.get("/object_info")
         return self._object_info
 
-    def post_prompt(self, api_graph, client_id="viking-tests"):
+    def post_prompt(self, api_graph, client_id=CLIENT_ID):
         """Queue an API-format graph; returns its prompt_id. Raises ComfyError with ComfyUI's
         validation errors (per node) when it refuses the graph."""
         data = json.dumps({"prompt": api_graph, "client_id": client_id}).encode()
@@ -328,6 +331,40 @@ class ComfyServer:
                 root = {"output": "output", "temp": "temp", "input": "input"}[img.get("type", "output")]
                 files.append(self.base_dir / root / img.get("subfolder", "") / img["filename"])
         return files
+
+
+class NodeClock:
+    """Listens on a server's websocket and keeps (monotonic seconds, node id) for each message
+    that marks a node's start ("executing"; node None once the prompt is done) or the prompt's
+    end, for the prompts posted with CLIENT_ID (ComfyUI sends a client only its own prompts'
+    events). `take()` hands over what came since the last take."""
+
+    def __init__(self, url: str):
+        self.events: list[tuple[float, str | None]] = []
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        threading.Thread(target=lambda: asyncio.run(self._listen(url)), daemon=True).start()
+        if not self._ready.wait(30):
+            raise ComfyError(f"no websocket at {url}/ws")
+
+    async def _listen(self, url: str):
+        import aiohttp  # ComfyUI's own dependency: every Python that runs a server here has it
+
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"{url}/ws?clientId={CLIENT_ID}", max_msg_size=0) as ws:
+                self._ready.set()
+                async for message in ws:
+                    if message.type != aiohttp.WSMsgType.TEXT:
+                        continue  # previews come as binary frames
+                    body = json.loads(message.data)
+                    if body.get("type") in ("executing", "execution_success"):
+                        with self._lock:
+                            self.events.append((time.monotonic(), (body.get("data") or {}).get("node")))
+
+    def take(self) -> list[tuple[float, str | None]]:
+        with self._lock:
+            events, self.events = self.events, []
+        return events
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -3,13 +3,14 @@ the way a user installs a node: the folder copied into custom_nodes/, `pip insta
 ComfyUI's Python. Locked bytes are read from the server process itself (/proc/PID/status)."""
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from comfy_server import (ComfyError, ComfyServer, api_prompt_from_ui_workflow,
+from comfy_server import (ComfyError, ComfyServer, NodeClock, api_prompt_from_ui_workflow,
                           cached_checkpoint, prepare_base_dir, wait_for, without_viking)
 from memory_probe import locked_bytes
 
@@ -68,6 +69,7 @@ def test_object_info_lists_every_node_with_its_inputs(server):
     assert list(server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["optional"]) == ["prefetch", "file_residency"]
     assert pin["backend"][1]["options"] == ["auto", "cuda", "os-lock"]
     assert pin["budget_gib"][1]["min"] == 0.0
+    assert all(server.get(f"/object_info/{node_id}")[node_id]["output_node"] for node_id in PIN_IDS)
     unpin = server.get("/object_info/VikingUnpin")["VikingUnpin"]["input"]["optional"]
     assert set(unpin) == {"model", "clip", "vae", "everything"}
     templates = server.get("/workflow_templates")
@@ -185,6 +187,53 @@ UNKNOWN_BACKEND_REFUSED = {
 }
 
 
+def two_model_prompt(names, pin: bool):
+    """Two checkpoints, a sampler on each, the second refining the first's latent (a base +
+    refiner graph, Wan 2.2's two experts), and the latent saved; a Pin Model between each loader
+    and its sampler when `pin`."""
+    api = {"5": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+           "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a longship", "clip": ["1", 1]}}}
+    latent = ["5", 0]
+    for index, name in enumerate(names):
+        loader, pin_node, sampler = (f"{10 * index + n}" for n in (1, 2, 3))
+        api[loader] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": name}}
+        model = [loader, 0]
+        if pin:
+            api[pin_node] = {"class_type": "VikingPinModel", "inputs": {
+                "model": model, "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0,
+                "pinned_home": True, "vram_cap_gib": 0.0}}
+            model = [pin_node, 0]
+        api[sampler] = {"class_type": "KSampler", "inputs": {
+            "model": model, "positive": ["6", 0], "negative": ["6", 0], "latent_image": latent, "seed": index,
+            "steps": 1, "cfg": 1.0, "sampler_name": "euler", "scheduler": "normal", "denoise": 1.0 if index == 0 else 0.5}}
+        latent = [sampler, 0]
+    api["9"] = {"class_type": "SaveLatent", "inputs": {"samples": latent, "filename_prefix": "order"}}
+    return api
+
+
+def test_pinned_models_load_before_the_first_sampler_as_without_viking(server, checkpoint):
+    """ComfyUI runs output nodes, and the nodes that feed them, first (its ux_friendly_pick_node).
+    A plain node between loader and sampler made it sample the first model before it loaded the
+    second (with Viking on an H200 the cold start of two models took 1.13x as long); the Pin
+    nodes are output nodes, so ComfyUI's order of work is the one it has without Viking: every
+    loader before the first sampler. Node order from ComfyUI's own websocket events."""
+    folder = server.base_dir / "models" / "checkpoints"
+    names = {run: [f"order_{run}_{i}.safetensors" for i in (0, 1)] for run in ("alone", "viking")}
+    for name in names["alone"] + names["viking"]:  # fresh names: a cached loader sends no event
+        if not (folder / name).is_symlink():
+            (folder / name).symlink_to(Path(checkpoint).resolve())
+    clock = NodeClock(server.url)
+    orders = {}
+    for run, pin in (("alone", False), ("viking", True)):
+        clock.take()
+        server.run_prompt(two_model_prompt(names[run], pin))
+        time.sleep(0.3)  # the prompt's last websocket messages
+        orders[run] = [node for _, node in clock.take() if node is not None]
+    for run, order in orders.items():
+        assert {"1", "11", "3", "13"} <= set(order), (run, order)
+        assert max(order.index("1"), order.index("11")) < order.index("3"), (run, order)
+
+
 def test_bad_input_gets_clear_messages_and_the_queue_keeps_running(server, comfy_version):
     api = api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info())
     model_pin = next(k for k, v in api.items() if v["class_type"] == "VikingPinModel")
@@ -223,6 +272,7 @@ def test_v1_fallback_for_older_comfyui(comfy_version, checkpoint, tmp_path):
         pin = server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["required"]
         assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "pinned_home", "vram_cap_gib"]
         assert list(server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["optional"]) == ["prefetch", "file_residency"]
+        assert all(server.get(f"/object_info/{node_id}")[node_id]["output_node"] for node_id in PIN_IDS)
         entry = server.run_prompt(api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info()))
         assert any("Pinned" in out["text"][0] for out in entry["outputs"].values() if "text" in out)
         state = status(server)

@@ -3,34 +3,31 @@ the time ComfyUI starts each node, read from ComfyUI's own "executing" messages 
 and ComfyUI's log lines about loading and staging, per prompt.
 
 Why: with two models in ComfyUI 0.33's default dynamic mode, the cold start took 1.13x as long
-with the Pin Model on each (gpu_dynamic_rounds_two_default.json, all three Viking servers
-slower), while Viking's own time in ComfyUI's callbacks was 10-12 ms. That count leaves out the
-Pin nodes' own run and anything Viking's presence changes in ComfyUI's order of work. Per-node
-times, next to modes that take one piece away each, say which:
+with the Pin Model on each (gpu_dynamic_rounds_two_default.json at 1a26994, all three Viking
+servers slower), while Viking's own time in ComfyUI's callbacks was 10-12 ms. On the CPU this
+probe found why it could be: any node between loader and sampler (the Pin Model then, a plain
+clone node, a LoRA loader) made ComfyUI load the second model only after the first had sampled,
+where ComfyUI alone loads both first; an output node gives alone's order back
+(ux_friendly_pick_node). Since then the Pin nodes are output nodes. Per-node times, next to
+modes that take one piece away each, say what the order costs:
   dynamic_two            ComfyUI alone
-  dynamic_two_nodes      the Pin Model on each model (a clone, callbacks, wrappers, the node's run)
-  dynamic_two_nodes#output  the same with the Pin nodes declared output nodes (their spec's
-                         output_node, set in this server's copy of the pack)
+  dynamic_two_nodes      the Pin Model on each model (output nodes, as shipped)
+  dynamic_two_nodes#inline  the same with the Pin nodes not output nodes (as before: their spec's
+                         output_node cleared in this server's copy of the pack)
   dynamic_two_engine     engine mode: Viking on every model, no node, no clone
   dynamic_two_clone      a plain clone node, no Viking
-  dynamic_two_clone#output  the same clone node declared an output node: ComfyUI runs output
-                         nodes, and the nodes that feed them, first (ux_friendly_pick_node)
+  dynamic_two_clone#output  the same clone node declared an output node
   dynamic_two#installed  the node pack installed and loaded, no node in the graph, engine mode off
-On the CPU, any node between loader and sampler made ComfyUI load the second model only after
-the first had sampled (alone: both loaders first); as an output node, the clone and the Pin
-Model give alone's order back. This shows whether that order is what the cold start pays for.
 
 usage: python bench/probes/node_times.py OUT.json [gpu_dynamic.py's options, --modes with any of its
        modes; a mode ending in #installed gets the pack installed but unused, one ending in #output
-       its clone node as an output node]
+       its clone node as an output node, one ending in #inline the Pin nodes as plain nodes]
        (run by ComfyUI 0.33's Python; writes OUT.json, the bench's own file beside it as OUT.bench.json)
 """
-import asyncio
 import json
 import re
 import runpy
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -41,42 +38,9 @@ sys.path[:0] = [str(REPO / "tests"), str(BENCH)]
 import comfy_server  # noqa: E402
 from flux_model import arg  # noqa: E402
 
-DEFAULT_MODES = "dynamic_two,dynamic_two_nodes,dynamic_two_nodes#output,dynamic_two_clone,dynamic_two_clone#output,dynamic_two_engine"
-CLIENT_ID = "viking-tests"  # the client id comfy_server posts prompts with: ComfyUI sends it the node events
+DEFAULT_MODES = "dynamic_two,dynamic_two_nodes,dynamic_two_nodes#inline,dynamic_two_clone,dynamic_two_clone#output,dynamic_two_engine"
 LOAD_LINES = re.compile(r"Requested to load|prepared for dynamic VRAM|loaded completely|loaded partially|Unloaded"
                         r"|models unloaded|Prompt executed|Viking Engine")
-
-
-class NodeClock:
-    """Listens on a server's websocket and keeps (monotonic seconds, node) for each message that
-    marks a node's start ("executing"; node None once the prompt is done) or the prompt's end."""
-
-    def __init__(self, url: str):
-        self.events: list[tuple[float, str | None]] = []
-        self._lock = threading.Lock()
-        self._ready = threading.Event()
-        threading.Thread(target=lambda: asyncio.run(self._listen(url)), daemon=True).start()
-        if not self._ready.wait(30):
-            raise RuntimeError(f"no websocket at {url}/ws")
-
-    async def _listen(self, url: str):
-        import aiohttp
-
-        async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(f"{url}/ws?clientId={CLIENT_ID}", max_msg_size=0) as ws:
-                self._ready.set()
-                async for message in ws:
-                    if message.type != aiohttp.WSMsgType.TEXT:
-                        continue  # previews come as binary frames
-                    body = json.loads(message.data)
-                    if body.get("type") in ("executing", "execution_success"):
-                        with self._lock:
-                            self.events.append((time.monotonic(), (body.get("data") or {}).get("node")))
-
-    def take(self) -> list[tuple[float, str | None]]:
-        with self._lock:
-            events, self.events = self.events, []
-        return events
 
 
 def node_seconds(events, graph: dict) -> list[dict]:
@@ -89,9 +53,9 @@ def node_seconds(events, graph: dict) -> list[dict]:
     return out
 
 
-def output_node(source: Path, line: str):
-    """Appends `line`, which flags a node class as an output node, to this server's copy of a
-    node pack's source (the bench's clone node; the Viking pack, copied per server)."""
+def append_line(source: Path, line: str):
+    """Appends `line` to this server's copy of a node pack's source (the bench's clone node; the
+    Viking pack, copied per server): how a mode flags a node class as an output node or not."""
     if source.exists():
         source.write_text(source.read_text() + "\n" + line + "\n")
 
@@ -120,13 +84,15 @@ def main():
         return prepare(base, custom_nodes=custom_nodes, **kwargs)
 
     def traced_start(server):
-        if mode_of(server.base_dir, modes).endswith("#output"):
-            output_node(server.base_dir / "custom_nodes" / "viking_bench_nodes" / "__init__.py",
+        mode = mode_of(server.base_dir, modes)
+        if mode.endswith("#output"):
+            append_line(server.base_dir / "custom_nodes" / "viking_bench_nodes" / "__init__.py",
                         "VikingBenchClone.OUTPUT_NODE = True")
-            output_node(server.base_dir / "custom_nodes" / "viking_engine" / "comfy_node" / "nodes.py",
-                        "for _spec in SPECS:\n    _spec.output_node = _spec.output_node or _spec.node_id.startswith('VikingPin')")
+        if mode.endswith("#inline"):
+            append_line(server.base_dir / "custom_nodes" / "viking_engine" / "comfy_node" / "nodes.py",
+                        "for _spec in SPECS:\n    _spec.output_node = _spec.output_node and not _spec.node_id.startswith('VikingPin')")
         start(server)
-        server.node_clock = NodeClock(server.url)
+        server.node_clock = comfy_server.NodeClock(server.url)
 
     def traced_run_prompt(server, api_graph, timeout=300):
         server.node_clock.take()
