@@ -48,6 +48,7 @@ SOURCES = {
                                               "tests/memory_cgroup.py"],
     "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
     "gpu_probe_static_vram.json": DYNAMIC_BENCH + ["bench/probes/static_vram.py"],  # runs gpu_dynamic.py in-process
+    "gpu_probe_node_times.json": DYNAMIC_BENCH + ["bench/probes/node_times.py"],  # likewise
     "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
     "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
@@ -350,6 +351,25 @@ def static_vram(name, label=None):
     return out
 
 
+NODE_TIMES_MODES = {"dynamic_two": "ComfyUI alone", "dynamic_two_nodes": "Pin Model, output nodes (as shipped)",
+                    "dynamic_two_nodes#inline": "Pin Model as plain nodes (before)"}
+
+
+def node_times():
+    """Per mode, the cold prompt: the order of the loaders (L) and samplers (S), their seconds, the
+    prompt's seconds."""
+    out = []
+    for mode, label in NODE_TIMES_MODES.items():
+        cold = next(p for p in load("gpu_probe_node_times.json")["prompts"] if p["mode"] == mode)
+        work = [n for n in cold["nodes"] if n["class_type"] in ("UNETLoader", "KSampler")]
+
+        def seconds(kind):
+            return " / ".join(f(n["seconds"], 2) for n in work if n["class_type"] == kind)
+        order = " ".join("L" if n["class_type"] == "UNETLoader" else "S" for n in work)
+        out.append(f"| {label} | {order} | {seconds('UNETLoader')} s | {seconds('KSampler')} s | {f(cold['seconds'], 2)} s |")
+    return out
+
+
 def plan():
     return [f"{f(load('plan.json')['median_ms'], 1)} ms median"]
 
@@ -362,6 +382,7 @@ FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timin
            "container_residency_cpu.json": container,
            "event_cost_cpu.json": event_cost, "plan.json": plan,
            "gpu_probe_static_vram.json": lambda: static_vram("gpu_probe_static_vram.json"),
+           "gpu_probe_node_times.json": node_times,
            "swap_cpu.json": swap}
 
 
