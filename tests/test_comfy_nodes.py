@@ -3,14 +3,16 @@ the way a user installs a node: the folder copied into custom_nodes/, `pip insta
 ComfyUI's Python. Locked bytes are read from the server process itself (/proc/PID/status)."""
 
 import json
+import re
 import time
+import urllib.error
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from comfy_server import (ComfyError, ComfyServer, NodeClock, api_prompt_from_ui_workflow,
+from comfy_server import (CLIENT_ID, ComfyError, ComfyServer, NodeClock, api_prompt_from_ui_workflow,
                           cached_checkpoint, prepare_base_dir, wait_for, without_viking)
 from memory_probe import locked_bytes
 
@@ -173,14 +175,37 @@ def test_unpin_and_cache_drop_release_every_locked_byte(server):
     # Pin nodes run again after an unpin (and pin again).
     server.run_prompt(api)
     assert status(server)["pinned_bytes"] > 300e6
-    # ComfyUI drops its models and caches: the finalizers release everything.
-    server.free(unload_models=True)
-    assert wait_for(lambda: status(server)["registrations"] == 0), status(server)["owners"]
+    # ComfyUI drops its models and caches: the finalizers release everything. ComfyUI applies a
+    # /free when its worker next wakes, and one that comes while the worker collects garbage after
+    # a prompt waits for the next prompt (ComfyServer.free): on a busy machine, send it again.
+    for attempt in range(3):
+        server.free(unload_models=True, idle=1.5 if attempt == 0 else 0.2)
+        if wait_for(lambda: status(server)["registrations"] == 0, timeout=10):
+            break
+    assert status(server)["registrations"] == 0, status(server)["owners"]
     assert locked_bytes(server.pid) < 1 << 20
 
 
+def refusal(server, api, node_id):
+    """What ComfyUI says of node_id's bad input. A Pin node is an output node, so ComfyUI may
+    refuse that output (and every output that depends on it) when the prompt is queued, name the
+    node and the input in node_errors, and run the prompt's other outputs, as for any output node;
+    or it refuses the whole prompt (400); or the node itself refuses the input as it runs."""
+    try:
+        queued = server._request("/prompt", json.dumps({"prompt": api, "client_id": CLIENT_ID}).encode())
+    except urllib.error.HTTPError as error:  # nothing of the prompt was runnable
+        return error.read().decode(errors="replace")
+    try:
+        entry = server.wait_history(queued["prompt_id"])
+    except ComfyError as error:
+        return str(error)
+    assert node_id in queued.get("node_errors", {}), f"ComfyUI ran node {node_id} with a bad input: {queued}"
+    assert node_id not in entry.get("outputs", {}), entry["outputs"]
+    return json.dumps(queued["node_errors"][node_id])
+
+
 # Who refuses an unknown choice of a COMBO input: ComfyUI 0.33 checks V3 combos when the
-# prompt is queued (400, value_not_in_list); 0.3.75 queues it and Viking's node refuses it.
+# prompt is queued (value_not_in_list); 0.3.75 queues it and Viking's node refuses it.
 UNKNOWN_BACKEND_REFUSED = {
     "0.3.75": "backend 'warp-drive' is not known; choose one of auto, cuda, os-lock",
     "0.33": r"backend: 'warp-drive' not in \['auto', 'cuda', 'os-lock'\]",
@@ -239,12 +264,10 @@ def test_bad_input_gets_clear_messages_and_the_queue_keeps_running(server, comfy
     model_pin = next(k for k, v in api.items() if v["class_type"] == "VikingPinModel")
     bad = json.loads(json.dumps(api))
     bad[model_pin]["inputs"]["budget_gib"] = -3
-    with pytest.raises(ComfyError, match="budget_gib"):
-        server.post_prompt(bad)
+    assert re.search(r"budget_gib", refusal(server, bad, model_pin))
     bad = json.loads(json.dumps(api))
     bad[model_pin]["inputs"]["backend"] = "warp-drive"
-    with pytest.raises(ComfyError, match=UNKNOWN_BACKEND_REFUSED[comfy_version]):
-        server.run_prompt(bad)
+    assert re.search(UNKNOWN_BACKEND_REFUSED[comfy_version], refusal(server, bad, model_pin))
     # A MODEL from another node pack that is not a ModelPatcher.
     foreign = {"1": {"class_type": "ForeignModel", "inputs": {}},
                "2": {"class_type": "VikingPinModel", "inputs": {"model": ["1", 0], "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0, "pinned_home": True, "vram_cap_gib": 0.0}},
