@@ -75,7 +75,7 @@ def test_object_info_lists_every_node_with_its_inputs(server):
     unpin = server.get("/object_info/VikingUnpin")["VikingUnpin"]["input"]["optional"]
     assert set(unpin) == {"model", "clip", "vae", "everything"}
     templates = server.get("/workflow_templates")
-    assert sorted(templates["viking_engine"]) == ["viking_lowvram", "viking_pin_checkpoint"]
+    assert sorted(templates["viking_engine"]) == ["viking_lowvram", "viking_pin_checkpoint", "viking_two_models"]
     assert "Viking Engine" not in server.log_text() or "Cannot import" not in server.log_text()
 
 
@@ -103,6 +103,39 @@ def test_example_workflow_pins_samples_and_is_bit_identical(server, comfy_versio
     pinned_image = pixels(server, entry)
     plain_base = prepare_base_dir(tmp_path / "plain", checkpoint=checkpoint)
     with ComfyServer(plain_base, version=comfy_version) as plain:
+        plain_image = pixels(plain, plain.run_prompt(with_prefix(without_viking(api), "plain")))
+    assert np.array_equal(pinned_image, plain_image)
+
+
+def test_two_model_template_pins_each_model_within_the_budget_and_is_bit_identical(comfy_version, checkpoint, tmp_path):
+    """The two-model template (Wan 2.2's two experts, a base and a refiner: one sampling run, the
+    first model's steps then the second's): each model pinned by its own Pin Model, both within
+    the one budget, and the same pixels as the graph without Viking. The second checkpoint is a
+    synthetic one of another seed, so the two models' weights differ."""
+    ui = workflow("viking_two_models")
+    names = [node["widgets_values"][0] for node in ui["nodes"] if node["type"] == "CheckpointLoaderSimple"]
+    assert len(set(names)) == 2, names
+    second = cached_checkpoint(seed=1)
+
+    def base_dir(name, custom_nodes):
+        base = prepare_base_dir(tmp_path / name, checkpoint=checkpoint, ckpt_name=names[0], custom_nodes=custom_nodes)
+        (base / "models" / "checkpoints" / names[1]).symlink_to(second)
+        return base
+
+    with ComfyServer(base_dir("viking", {"viking_engine": REPO}), version=comfy_version) as server:
+        api = with_prefix(api_prompt_from_ui_workflow(ui, server.object_info()), "viking")
+        entry = server.run_prompt(api)
+        pin_texts = [entry["outputs"][k]["text"][0] for k, v in api.items() if v["class_type"] == "VikingPinModel"]
+        assert len(pin_texts) == 2 and all("Pinned" in text for text in pin_texts), pin_texts
+        state = status(server)
+        model_owners = [o for o in state["owners"] if o["label"].startswith("MODEL")]
+        assert len(model_owners) == 2, state["owners"]
+        for owner in model_owners:
+            assert owner["pinned_bytes"] > 0.95 * owner["wanted_bytes"] > 0, owner
+        assert sum(o["pinned_bytes"] for o in state["owners"]) == state["pinned_bytes"] <= state["budget"]["limit_bytes"]
+        assert locked_bytes(server.pid) >= state["pinned_bytes"]
+        pinned_image = pixels(server, entry)
+    with ComfyServer(base_dir("plain", None), version=comfy_version) as plain:
         plain_image = pixels(plain, plain.run_prompt(with_prefix(without_viking(api), "plain")))
     assert np.array_equal(pinned_image, plain_image)
 
