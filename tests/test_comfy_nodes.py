@@ -2,6 +2,7 @@
 the way a user installs a node: the folder copied into custom_nodes/, `pip install .` done in
 ComfyUI's Python. Locked bytes are read from the server process itself (/proc/PID/status)."""
 
+import importlib.util
 import json
 import re
 import time
@@ -105,6 +106,17 @@ def test_example_workflow_pins_samples_and_is_bit_identical(server, comfy_versio
     with ComfyServer(plain_base, version=comfy_version) as plain:
         plain_image = pixels(plain, plain.run_prompt(with_prefix(without_viking(api), "plain")))
     assert np.array_equal(pinned_image, plain_image)
+
+
+def test_committed_workflows_are_what_the_generator_writes():
+    """workflows/ is written by scripts/make_workflows.py: a node's new input goes into the
+    generator, or the next run of it would take the input out of the templates again."""
+    spec = importlib.util.spec_from_file_location("make_workflows", REPO / "scripts" / "make_workflows.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert sorted(generator.WORKFLOWS) == sorted(path.stem for path in (REPO / "workflows").glob("*.json"))
+    for name, ui in generator.WORKFLOWS.items():
+        assert json.loads(json.dumps(ui)) == workflow(name), f"workflows/{name}.json: run python scripts/make_workflows.py"
 
 
 def test_two_model_template_pins_each_model_within_the_budget_and_is_bit_identical(comfy_version, checkpoint, tmp_path):
