@@ -3,13 +3,14 @@ drift apart, and the files older than the code they measured named in the README
 figure passes for today's code when it is not.
 
 Each figure is rebuilt from its JSON file in the README's own wording and must appear there.
-A result file is older than its code when a file it measured (SOURCES) changed since the commit
-it records; the README's line "Older than their code, ..." must name exactly those files."""
+A result file is older than its code when a file it measured (SOURCES, in bench/results_age.py)
+changed since the commit it records; the README's line "Older than their code, ..." must name
+exactly those files."""
 
 import functools
 import json
 import re
-import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,46 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 README = (REPO / "README.md").read_text()
 
-NATIVE = ["src", "Cargo.toml", "build.rs"]
-STREAMING = ["comfy_node/lifecycle.py", "comfy_node/weights.py", "comfy_node/comfy.py", "comfy_node/prefetch.py",
-             "comfy_node/vram_cap.py", "comfy_node/home.py", "bench/flux_model.py"]
-SERVER = ["comfy_node", "bench/server_tools.py", "tests/comfy_server.py", "tests/synthetic_checkpoint.py"]
-# comfy_node/dynamic.py runs only in ComfyUI 0.33's dynamic VRAM mode (lifecycle's dynamic
-# branch; gate's govern() returns at once elsewhere): a result measured without that mode did
-# not measure it.
-NOT_DYNAMIC = [":(exclude)comfy_node/dynamic.py"]
-DYNAMIC_BENCH = NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"]
-# What each result file measured: the code whose change makes its figures old.
-SOURCES = {
-    "gpu_perf.json": NATIVE + STREAMING + ["bench/gpu_perf.py"],
-    "gpu_vram_cap.json": NATIVE + STREAMING + ["bench/comfy_vram_cap.py"],
-    "gpu_prefetch_cap_test.json": NATIVE + STREAMING + ["bench/comfy_vram_cap.py"],
-    "gpu_home_timing.json": NATIVE + STREAMING + ["bench/comfy_home.py"],
-    "gpu_home_correctness.json": NATIVE + STREAMING + ["bench/comfy_home.py"],
-    "gpu_tests.json": NATIVE + NOT_DYNAMIC + ["comfy_node", "tests/test_native.py", "tests/test_reliability.py",
-                                              "tests/test_gpu_streaming.py", "bench/comfy_home.py", "bench/comfy_vram_cap.py"],
-    "gpu_server_0_3_75.json": NATIVE + SERVER + NOT_DYNAMIC + ["bench/gpu_server.py"],
-    "gpu_server_0_33.json": NATIVE + SERVER + NOT_DYNAMIC + ["bench/gpu_server.py"],  # --disable-dynamic-vram
-    "gpu_dynamic.json": DYNAMIC_BENCH,
-    "gpu_dynamic_fastdisk.json": DYNAMIC_BENCH,
-    "gpu_dynamic_rounds_two_default.json": DYNAMIC_BENCH,
-    "gpu_dynamic_rounds.json": DYNAMIC_BENCH,
-    "gpu_dynamic_rounds_one.json": DYNAMIC_BENCH,
-    "gpu_server_0_33_dynamic.json": NATIVE + SERVER + ["bench/gpu_server.py"],  # the default dynamic VRAM mode
-    "container_residency_cpu.json": NATIVE + ["comfy_node", "bench/container_residency.py", "tests/dynamic_cpu.py",
-                                              "tests/memory_cgroup.py"],
-    "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
-    "gpu_probe_static_vram.json": DYNAMIC_BENCH + ["bench/probes/static_vram.py"],  # runs gpu_dynamic.py in-process
-    "gpu_probe_node_times.json": DYNAMIC_BENCH + ["bench/probes/node_times.py"],  # likewise
-    "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
-    "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
-    "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
-    "plan.json": ["src/plan.rs", "src/spans.rs", "benches/plan.rs"],
-    "swap_cpu.json": NATIVE + ["comfy_node/lifecycle.py", "comfy_node/weights.py", "bench/swap_pressure.py"],
-}
-# Probes of the code before a fix, kept on purpose as the evidence of its cause (the README says so).
-OF_OLDER_CODE = {"gpu_probe_lora_variants_0_3_75.json", "gpu_probe_lora_variants_0_33.json",
-                 "gpu_probe_clip_free_vram.json"}
+sys.path.insert(0, str(REPO / "bench"))
+from results_age import OF_OLDER_CODE, SOURCES, AgeUnknown, older_than_their_code  # noqa: E402
 
 
 @functools.cache
@@ -66,32 +29,22 @@ def load(name):
     return json.loads((RESULTS / name).read_text())
 
 
-def git(*args):
-    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-
-
 def test_every_result_file_is_known_and_records_its_commit():
     for path in sorted(RESULTS.glob("*.json")):
         assert path.name in SOURCES or path.name in OF_OLDER_CODE, \
-            f"{path.name}: add it to SOURCES here (what it measured) so its age is checked"
+            f"{path.name}: add it to SOURCES in bench/results_age.py (what it measured) so its age is checked"
         assert re.fullmatch(r"[0-9a-f]{7,40}", load(path.name).get("commit", "")), f"{path.name} records no commit"
 
 
 def test_readme_names_exactly_the_files_older_than_their_code():
-    if git("rev-parse", "HEAD").returncode != 0:
-        pytest.skip("no git history here: the age of the result files cannot be checked")
-    older = set()
-    for name, sources in SOURCES.items():
-        commit = load(name)["commit"]
-        if git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-            pytest.skip(f"commit {commit} ({name}) is not in this clone (shallow?): ages cannot be checked")
-        existing = [s for s in sources if s.startswith(":") or (REPO / s).exists()]  # ":(exclude)..." pathspecs
-        if git("diff", "--quiet", commit, "--", *existing).returncode != 0:
-            older.add(name)
+    try:
+        older = set(older_than_their_code())
+    except AgeUnknown as reason:
+        pytest.skip(str(reason))
     line = next((line for line in README.splitlines() if line.startswith("Older than their code")), "")
     named = set(re.findall(r"`([\w.]+\.json)`", line))
     assert named == older, (f"the README's 'Older than their code' line names {sorted(named)}; older than their "
-                            f"code now: {sorted(older)}")
+                            f"code now: {sorted(older)} (python bench/results_age.py)")
 
 
 def f(value, digits):
