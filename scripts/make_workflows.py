@@ -59,11 +59,16 @@ def checkpoint_loader(g, pos, ckpt_name, title=None):
                   title=title)
 
 
+# A Pin node's height in the frontend with its widgets and its status text below them: what the
+# layouts leave between one Pin node and the next below it.
+PIN_HEIGHT = {"Model": 310, "CLIP": 260, "VAE": 260}
+
+
 def pin_node(g, kind, pos, settings, title=None):
     """A Viking Pin node: kind is "Model", "CLIP" or "VAE"; its input is named after it."""
     typ = kind.upper()
-    return g.node(f"VikingPin{kind}", pos, settings, inputs=[(typ.lower(), typ)], outputs=[(typ, typ)], size=(320, 200),
-                  title=title)
+    return g.node(f"VikingPin{kind}", pos, settings, inputs=[(typ.lower(), typ)], outputs=[(typ, typ)],
+                  size=(320, PIN_HEIGHT[kind]), title=title)
 
 
 def text_encode(g, pos, text):
@@ -87,8 +92,8 @@ def txt2img(width, height, steps, model_settings, note):
     g = Graph()
     ckpt = checkpoint_loader(g, (0, 200), CKPT)
     pin_model = pin_node(g, "Model", (360, 0), model_settings)
-    pin_clip = pin_node(g, "CLIP", (360, 240), pin_settings())
-    pin_vae = pin_node(g, "VAE", (360, 480), pin_settings())
+    pin_clip = pin_node(g, "CLIP", (360, 340), pin_settings())
+    pin_vae = pin_node(g, "VAE", (360, 630), pin_settings())
     positive = text_encode(g, (720, 0), "a viking longship on a calm fjord")
     negative = text_encode(g, (720, 180), "blurry")
     latent = g.node("EmptyLatentImage", (720, 360), [width, height, 1], outputs=[("LATENT", "LATENT")])
@@ -112,11 +117,11 @@ def two_models(width, height, steps, switch_at, note):
     over with the noise left in it, the second finishes. A Pin Model after each loader."""
     g = Graph()
     first = checkpoint_loader(g, (0, 0), CKPT, title="First model (high-noise expert / base)")
-    second = checkpoint_loader(g, (0, 240), CKPT_SECOND, title="Second model (low-noise expert / refiner)")
+    second = checkpoint_loader(g, (0, 340), CKPT_SECOND, title="Second model (low-noise expert / refiner)")
     pin_first = pin_node(g, "Model", (360, 0), model_pin_settings(), title="Viking Pin Model (first)")
-    pin_second = pin_node(g, "Model", (360, 240), model_pin_settings(), title="Viking Pin Model (second)")
-    pin_clip = pin_node(g, "CLIP", (360, 480), pin_settings())
-    pin_vae = pin_node(g, "VAE", (360, 720), pin_settings())
+    pin_second = pin_node(g, "Model", (360, 340), model_pin_settings(), title="Viking Pin Model (second)")
+    pin_clip = pin_node(g, "CLIP", (360, 680), pin_settings())
+    pin_vae = pin_node(g, "VAE", (360, 970), pin_settings())
     positive = text_encode(g, (720, 0), "a viking longship on a calm fjord")
     negative = text_encode(g, (720, 180), "blurry")
     latent = g.node("EmptyLatentImage", (720, 360), [width, height, 1], outputs=[("LATENT", "LATENT")])
@@ -124,11 +129,11 @@ def two_models(width, height, steps, switch_at, note):
     # start_at_step, end_at_step, return_with_leftover_noise.
     sample_first = g.node("KSamplerAdvanced", (1080, 0),
                           ["enable", 42, "fixed", steps, 7.0, "euler", "normal", 0, switch_at, "enable"],
-                          inputs=SAMPLER_INPUTS, outputs=[("LATENT", "LATENT")], size=(320, 330), title="First model's steps")
-    sample_second = g.node("KSamplerAdvanced", (1080, 360),
+                          inputs=SAMPLER_INPUTS, outputs=[("LATENT", "LATENT")], size=(320, 370), title="First model's steps")
+    sample_second = g.node("KSamplerAdvanced", (1080, 400),
                            ["disable", 42, "fixed", steps, 7.0, "euler", "normal", switch_at, 10000, "disable"],
-                           inputs=SAMPLER_INPUTS, outputs=[("LATENT", "LATENT")], size=(320, 330), title="Second model's steps")
-    decode, save, status = decode_save_status(g, 1800, note, note_pos=(0, 960))
+                           inputs=SAMPLER_INPUTS, outputs=[("LATENT", "LATENT")], size=(320, 370), title="Second model's steps")
+    decode, save, status = decode_save_status(g, 1800, note, note_pos=(0, 680))
     for src, slot, dst, name in [
         (first, 0, pin_first, "model"), (second, 0, pin_second, "model"),
         (first, 1, pin_clip, "clip"), (first, 2, pin_vae, "vae"),
