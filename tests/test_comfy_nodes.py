@@ -14,7 +14,8 @@ import pytest
 from PIL import Image
 
 from comfy_server import (CLIENT_ID, ComfyError, ComfyServer, NodeClock, api_prompt_from_ui_workflow,
-                          cached_checkpoint, prepare_base_dir, wait_for, without_viking)
+                          cached_checkpoint, prepare_base_dir, without_viking)
+from comfy_free import free_until
 from memory_probe import locked_bytes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -220,14 +221,8 @@ def test_unpin_and_cache_drop_release_every_locked_byte(server):
     # Pin nodes run again after an unpin (and pin again).
     server.run_prompt(api)
     assert status(server)["pinned_bytes"] > 300e6
-    # ComfyUI drops its models and caches: the finalizers release everything. ComfyUI applies a
-    # /free when its worker next wakes, and one that comes while the worker collects garbage after
-    # a prompt waits for the next prompt (ComfyServer.free): on a busy machine, send it again.
-    for attempt in range(3):
-        server.free(unload_models=True, idle=1.5 if attempt == 0 else 0.2)
-        if wait_for(lambda: status(server)["registrations"] == 0, timeout=10):
-            break
-    assert status(server)["registrations"] == 0, status(server)["owners"]
+    # ComfyUI drops its models and caches: the finalizers release everything.
+    assert free_until(server, lambda: status(server)["registrations"] == 0), status(server)["owners"]
     assert locked_bytes(server.pid) < 1 << 20
 
 

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from comfy_server import REPO_ROOT as REPO, ComfyServer, cached_checkpoint, prepare_base_dir, txt2img_prompt, wait_for
+from comfy_free import free_until
 from memory_probe import locked_bytes
 
 
@@ -47,8 +48,7 @@ def test_env_switch_pins_every_loaded_model_and_releases_on_drop(base, comfy_ver
         pinned_image = image(server, entry)
         # The environment fixes the mode: the UI cannot switch it off.
         assert post(server, "/viking/engine", {"enabled": False})[0] == 409
-        server.free(unload_models=True)
-        assert wait_for(lambda: server.get("/viking/status")["registrations"] == 0)
+        assert free_until(server, lambda: server.get("/viking/status")["registrations"] == 0)
         assert locked_bytes(server.pid) < 1 << 20
     plain_base = prepare_base_dir(tmp_path / "plain", checkpoint=cached_checkpoint())
     with ComfyServer(plain_base, version=comfy_version) as plain:
