@@ -162,10 +162,11 @@ WORKFLOWS = {
     "viking_two_models": two_models(
         64, 64, 4, 2,
         "Two models in one sampling run (Wan 2.2's high- and low-noise experts, an SDXL base and refiner): "
-        "a Viking Pin Model after each loader keeps both models' weights pinned in RAM, so the turn from one "
-        "to the other never waits on swap or a re-read from disk. Both share the RAM budget; when it is short, "
-        "the model with the lower priority gives way first (in ComfyUI 0.33's dynamic VRAM mode: which model's "
-        "staging ComfyUI keeps). Swap in your own loaders (UNETLoader for Wan or Flux) and keep a Pin Model after each."),
+        "a Viking Pin Model after each loader keeps both models' weights in RAM, pinned, within the shared RAM "
+        "budget, so the turn from one to the other does not wait on swap or a re-read from disk. When the budget "
+        "is short, the model with the lower priority gives way first (in ComfyUI 0.33's dynamic VRAM mode: which "
+        "model's staging ComfyUI keeps). Swap in your own loaders (UNETLoader for Wan or Flux) and keep a Pin Model "
+        "after each."),
 }
 
 if __name__ == "__main__":
