@@ -231,7 +231,7 @@ def refusal(server, api, node_id):
     refuse that output (and every output that depends on it) when the prompt is queued, name the
     node and the input in node_errors, and run the prompt's other outputs, as for any output node;
     or it refuses the whole prompt (400); or the node itself refuses the input as it runs."""
-    try:
+    try:  # not post_prompt: it keeps only the prompt id of ComfyUI's answer, not its node_errors
         queued = server._request("/prompt", json.dumps({"prompt": api, "client_id": CLIENT_ID}).encode())
     except urllib.error.HTTPError as error:  # nothing of the prompt was runnable
         return error.read().decode(errors="replace")

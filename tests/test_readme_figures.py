@@ -8,7 +8,6 @@ changed since the commit it records; the README's line "Older than their code, .
 exactly those files."""
 
 import functools
-import json
 import re
 import sys
 from pathlib import Path
@@ -16,17 +15,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
 README = (REPO / "README.md").read_text()
 
 sys.path.insert(0, str(REPO / "bench"))
-from results_age import OF_OLDER_CODE, SOURCES, AgeUnknown, older_than_their_code  # noqa: E402
+from results_age import OF_OLDER_CODE, RESULTS, SOURCES, AgeUnknown, older_than_their_code, recorded  # noqa: E402
 
-
-@functools.cache
-def load(name):
-    """A result file, read once per test run (the extractors and the age check share it)."""
-    return json.loads((RESULTS / name).read_text())
+# A result file, read once per test run by the extractors.
+load = functools.cache(recorded)
 
 
 def test_every_result_file_is_known_and_records_its_commit():
