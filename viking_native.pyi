@@ -46,8 +46,9 @@ def gib_to_bytes(name: str, gib: float) -> int:
     """The one rule for sizes in GiB: 0 to 1048576; ValueError naming `name` otherwise."""
 def relieve_pressure() -> int: ...
 def map_file(fd: int, offset: int, length: int) -> "FileView":
-    """A shared read-only view of [offset, offset+length) of the open file `fd` (offset page
-    aligned); ValueError when the file is shorter (replaced or truncated on disk)."""
+    """A read-only view sharing the cached pages of [offset, offset+length) of the open file
+    `fd` (a file descriptor; on Windows a file HANDLE) (offset page aligned); ValueError when
+    the file is shorter (replaced or truncated on disk)."""
 def resident_bytes(addr: int, length: int) -> Optional[int]:
     """Bytes of the range whose pages are in RAM (mincore; a file mapping's page cache counts)."""
 def note_foreign_pins(bytes: int) -> None: ...

@@ -30,7 +30,13 @@ view, counts once there; RSS counts it twice), Viking's and ComfyUI's pinned byt
 pin ceiling, the bytes read from storage per prompt (/proc/PID/io: what a slower disk would
 make slower), the latent's hash (bit-identity across modes).
 
+Formats (--format): bf16 (default); fp8_scaled, the legacy layout most Flux / Wan files ship in
+(every linear weight float8_e4m3fn with a per-tensor scale_weight and the scaled_fp8 marker;
+ComfyUI 0.33 loads them as comfy-kitchen QuantizedTensor weights); gguf, every linear weight in
+Q8_0 blocks, loaded through the real ComfyUI-GGUF pack (tests/hosts.py) by its UnetLoaderGGUF.
+
 usage: python bench/gpu_dynamic.py OUT.json [--depth 19] [--free-gib 16] [--steps 4] [--size 1024] [--modes A,B,...]
+       [--format bf16|fp8_scaled|gguf]
        [--cpu]  (a dry run of the bench itself on a machine with no GPU: its dynamic-mode checks fail there)
 (run by ComfyUI 0.33's Python; writes the model file once under .comfy/cache)
 """
@@ -49,6 +55,7 @@ REPO = BENCH.parent
 sys.path[:0] = [str(REPO / "tests"), str(BENCH)]
 
 from comfy_server import CACHE_DIR, ComfyServer, comfy_install, prepare_base_dir  # noqa: E402
+from hosts import GGUF_PACK  # noqa: E402
 from flux_model import arg  # noqa: E402
 from server_tools import Results, bad_lines, drop_file_cache, hold_vram, run_seconds, status_bytes  # noqa: E402
 
@@ -56,10 +63,12 @@ out_path = sys.argv[1]
 depth, free_gib, steps, size = arg("--depth", 19, int), arg("--free-gib", 16.0), arg("--steps", 4, int), arg("--size", 1024, int)
 modes = arg("--modes", "dynamic,dynamic_nodes,dynamic_engine,static_nodes", str).split(",")
 cpu = "--cpu" in sys.argv
-MODELS = (f"flux_shaped_d{depth}.safetensors", f"flux_shaped_d{depth}_seed1.safetensors")  # the second for _two
+weight_format = arg("--format", "bf16", str)
+FORMAT_SUFFIX = {"bf16": ".safetensors", "fp8_scaled": "_fp8_scaled.safetensors", "gguf": "_q8_0.gguf"}[weight_format]
+MODELS = (f"flux_shaped_d{depth}{FORMAT_SUFFIX}", f"flux_shaped_d{depth}_seed1{FORMAT_SUFFIX}")  # the second for _two
 WARM_PROMPTS = 5  # the warm figure is their median
 libc = ctypes.CDLL(None, use_errno=True)
-results = Results(out_path, bench="gpu_dynamic", date=time.strftime("%Y-%m-%d"), depth=depth, free_gib=free_gib,
+results = Results(out_path, bench="gpu_dynamic", date=time.strftime("%Y-%m-%d"), depth=depth, free_gib=free_gib, format=weight_format,
                   steps=steps, size=size, modes={})
 result, check, save = results.data, results.check, results.save
 
@@ -107,10 +116,71 @@ def model_file(name: str, seed: int) -> Path:
         model, _ = flux_model.build(depth, tiny=False, seed=seed)
         state = {k: v.contiguous() for k, v in model.diffusion_model.state_dict().items()}
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        safetensors.torch.save_file(state, str(path) + ".part")
+        if weight_format == "gguf":
+            write_gguf(state, str(path) + ".part")
+        else:
+            if weight_format == "fp8_scaled":
+                state = fp8_scaled(state)
+            safetensors.torch.save_file(state, str(path) + ".part")
         os.replace(str(path) + ".part", path)
         del model, state
     return path
+
+
+def linear_weight(key: str, tensor) -> bool:
+    return key.endswith(".weight") and tensor.dim() == 2
+
+
+def fp8_scaled(state: dict) -> dict:
+    """The legacy fp8-scaled layout: each linear weight as float8_e4m3fn divided by a per-tensor
+    scale (its largest magnitude over fp8's 448), the scale as `<layer>.scale_weight`, an input
+    scale of 1, and the `scaled_fp8` marker."""
+    import torch
+
+    out = {}
+    for key, tensor in state.items():
+        if not linear_weight(key, tensor):
+            out[key] = tensor
+            continue
+        layer = key[:-len(".weight")]
+        on = tensor.to("cuda" if torch.cuda.is_available() else "cpu", torch.float32)
+        scale = on.abs().max() / 448.0
+        out[key] = (on / scale).to(torch.float8_e4m3fn).cpu()
+        out[layer + ".scale_weight"] = scale.reshape(()).cpu()
+        out[layer + ".scale_input"] = torch.ones((), dtype=torch.float32)
+    out["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    return out
+
+
+def q8_0_blocks(tensor):
+    """GGML's Q8_0 of a 2-D tensor: per 32 values an fp16 scale (largest magnitude / 127) and
+    32 int8, as (rows, bytes per row) uint8; computed on the GPU where there is one."""
+    import torch
+
+    rows = tensor.shape[0]
+    blocks = tensor.to("cuda" if torch.cuda.is_available() else "cpu", torch.float32).reshape(-1, 32)
+    scale = blocks.abs().amax(1, keepdim=True) / 127
+    quant = torch.where(scale > 0, blocks / scale, torch.zeros_like(blocks)).round().clamp(-127, 127).to(torch.int8)
+    packed = torch.cat([scale.half().view(torch.uint8).reshape(-1, 2), quant.view(torch.uint8)], 1)
+    return packed.reshape(rows, -1).cpu().numpy()
+
+
+def write_gguf(state: dict, path: str):
+    """The model as a GGUF file ComfyUI-GGUF's UnetLoaderGGUF reads (architecture flux): linear
+    weights in Q8_0, the rest float32."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, "flux")
+    for key, tensor in state.items():
+        if linear_weight(key, tensor):
+            data = q8_0_blocks(tensor)
+            writer.add_tensor(key, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(key, tensor.float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 class Iovec(ctypes.Structure):
@@ -143,7 +213,8 @@ def graph(mode: str, seed: int) -> dict:
     latent = ["4", 0]
     for index, name in enumerate(MODELS[:2 if "_two" in mode else 1]):
         loader, pin, sampler = (f"{10 * index + n}" for n in (1, 2, 5))
-        api[loader] = {"class_type": "UNETLoader", "inputs": {"unet_name": name, "weight_dtype": "default"}}
+        api[loader] = ({"class_type": "UnetLoaderGGUF", "inputs": {"unet_name": name}} if weight_format == "gguf" else
+                       {"class_type": "UNETLoader", "inputs": {"unet_name": name, "weight_dtype": "default"}})
         model = [loader, 0]
         if wrap == "VikingPinModel":
             api[pin] = {"class_type": wrap, "inputs": {"model": model, "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto",
@@ -203,6 +274,8 @@ def run_mode(mode: str, paths: list[Path]) -> dict:
     base = Path(tempfile.mkdtemp(prefix=f"gpu_dynamic_{mode.replace('#', '_')}_"))
     with_viking = mode_kind(mode) in ("nodes", "engine")
     nodes = {"viking_engine": REPO} if with_viking else {}
+    if weight_format == "gguf":
+        nodes["ComfyUI-GGUF"] = GGUF_PACK
     prepare_base_dir(base, custom_nodes=nodes)
     (base / "custom_nodes" / "viking_bench_nodes").mkdir(exist_ok=True)
     (base / "custom_nodes" / "viking_bench_nodes" / "__init__.py").write_text(BENCH_NODES)
@@ -234,6 +307,8 @@ def run_mode(mode: str, paths: list[Path]) -> dict:
                 owners = [o for o in status["owners"] if "Flux" in o["label"] or o["label"].startswith("MODEL")]
                 prompt.update(viking_pinned_bytes=status["pinned_bytes"], comfy=status.get("comfy"),
                               dynamic=[o.get("dynamic") for o in owners], notes=[o.get("notes") for o in owners],
+                              model_pinned_bytes=[o["pinned_bytes"] for o in owners],
+                              weights=[o.get("weights") for o in owners],  # bytes by kind (plain, quantized, gguf)
                               prefetch=[o.get("prefetch") for o in owners],  # static mode: its window, ComfyUI's buffers freed
                               budget=status["budget"]["reason"],
                               time_in_viking=status.get("time_in_viking"))  # since the server started: calls, seconds

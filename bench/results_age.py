@@ -50,6 +50,13 @@ SOURCES = {
     "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
     "plan.json": ["src/plan.rs", "src/spans.rs", "benches/plan.rs"],
     "swap_cpu.json": NATIVE + ["comfy_node/lifecycle.py", "comfy_node/weights.py", "bench/swap_pressure.py"],
+    "status_stall_cpu.json": NATIVE + ["bench/status_stall.py"],
+    "gpu_dynamic_fp8_scaled.json": DYNAMIC_BENCH,
+    "gpu_dynamic_gguf.json": DYNAMIC_BENCH,
+    "gpu_probe_fp8_clone.json": DYNAMIC_BENCH,
+    "gpu_memlock.json": NATIVE + ["comfy_node/weights.py", "bench/probes/memlock_cuda.py"],
+    "gpu_cpu_flag_0_3_75.json": NATIVE + SERVER + ["tests/test_gpu_server.py"],
+    "gpu_cpu_flag_0_33.json": NATIVE + SERVER + ["tests/test_gpu_server.py"],
 }
 # Probes of the code before a fix, kept on purpose as the evidence of its cause (the README says so).
 OF_OLDER_CODE = {"gpu_probe_lora_variants_0_3_75.json", "gpu_probe_lora_variants_0_33.json",

@@ -21,7 +21,7 @@ import sys
 import weakref
 from dataclasses import dataclass, field
 
-from .weights import own_tensors
+from .weights import own_tensors, storage_parts
 
 log = logging.getLogger("viking_engine")
 
@@ -87,7 +87,18 @@ def host() -> Host:
         mode = "static"
     if not _partially_load_takes_extra_memory():
         notes.append("ModelPatcher.partially_load has no extra_memory parameter: the VRAM cap stands aside")
+    if mode == "dynamic" and _pin_budget_ignores_ceiling(mm):
+        notes.append("this ComfyUI checks its pin budget against available RAM only (its fast-disk pin subsets): "
+                     "Viking's budget bounds ComfyUI's registrations, not the RAM its staging takes")
     return Host(version=_version(), mode=mode, notes=tuple(notes))
+
+
+def _pin_budget_ignores_ceiling(mm) -> bool:
+    """ComfyUI after 0.35 (per-model fast disk, FAST_PIN_SUBSETS in model_management): its
+    ensure_pin_budget compares available RAM only, no longer MAX_PINNED_MEMORY, so the ceiling
+    Viking sets bounds registrations (ensure_pin_registerable) but not the staging's RAM.
+    Decided by the attribute that came with that change, not by a version number."""
+    return hasattr(mm, "FAST_PIN_SUBSETS")
 
 
 # --- models and their weights -------------------------------------------------------------------
@@ -122,10 +133,18 @@ def is_dynamic(patcher) -> bool:
     return bool(is_dynamic_method()) if callable(is_dynamic_method) else False
 
 
+def _storages(tensor) -> list:
+    """The storages behind a weight (a quantized weight's inner tensors' too); none for a weight
+    whose memory cannot be read (weights.host_ranges reports those)."""
+    try:
+        return [part.untyped_storage() for part in storage_parts(tensor)]
+    except Exception:  # noqa: BLE001 - an unknown weight type
+        return []
+
+
 def comfy_owned_storage(tensor) -> bool:
     """Storage that ComfyUI's dynamic mode maps or pins itself (a file slice or a host buffer)."""
-    storage = tensor.untyped_storage()
-    return hasattr(storage, "_comfy_tensor_file_slice") or hasattr(storage, "_comfy_hostbuf")
+    return any(hasattr(s, "_comfy_tensor_file_slice") or hasattr(s, "_comfy_hostbuf") for s in _storages(tensor))
 
 
 def named_weights(module):
@@ -338,9 +357,13 @@ def wrap_instance_method(patcher, name: str, make_body) -> bool:
         def inner(_this, *args, **kwargs):
             return current(*args, **kwargs)
     else:
-        inner = getattr(type(patcher), name, None)
-        if inner is None:
+        if getattr(type(patcher), name, None) is None:
             return False
+
+        def inner(this, *args, **kwargs):
+            # The class's method as it is at call time: another node that patches the class
+            # later is composed, not bypassed.
+            return getattr(type(this), name)(this, *args, **kwargs)
     weak = weakref.ref(patcher)
     body = make_body(inner)
 
@@ -557,7 +580,10 @@ def loaded_dynamic_patchers():
     return [p for p in loaded_patchers() if is_dynamic(p)]
 
 
-STAGING_SUBSETS = ("weights", "weights-loaded")  # ComfyUI's pin subsets that hold a module's weights
+# ComfyUI's pin subsets that hold a module's weights. "weights-fast" came with ComfyUI's per-model
+# fast disk (comfy/storage.py, PR 16333, after 0.35.1): a fast-disk model's staged module may sit
+# under it alone (model_patcher.py at Comfy-Org/ComfyUI 08d0e51).
+STAGING_SUBSETS = ("weights", "weights-loaded", "weights-fast")
 
 
 def staged(module) -> bool:
@@ -576,8 +602,7 @@ def checkpoint_slices(patcher, unstaged_only: bool = False) -> list[tuple[int, i
     for module in patcher.model.modules():
         if unstaged_only and staged(module):
             continue
-        for tensor in own_tensors(module):
-            storage = tensor.untyped_storage()
+        for storage in (s for tensor in own_tensors(module) for s in _storages(tensor)):
             info = getattr(storage, "_comfy_tensor_file_slice", None)
             if info is None or storage.data_ptr() in seen:
                 continue
@@ -588,11 +613,21 @@ def checkpoint_slices(patcher, unstaged_only: bool = False) -> list[tuple[int, i
     return slices
 
 
+def native_file(fd: int) -> int:
+    """What the native side maps for a checkpoint's file descriptor: the descriptor itself, or on
+    Windows the file HANDLE behind it (the native module's C runtime has its own table of
+    descriptors; Python's msvcrt answers for Python's). OSError for a descriptor that is not open."""
+    if os.name == "nt":
+        import msvcrt
+
+        return msvcrt.get_osfhandle(fd)
+    return fd
+
+
 def mapped_storage_spans(patcher) -> list[tuple[int, int]]:
     """(address, bytes) of this model's weights inside ComfyUI's checkpoint mappings."""
     seen, spans = set(), []
-    for tensor in list(patcher.model.parameters()) + list(patcher.model.buffers()):
-        storage = tensor.untyped_storage()
+    for storage in (s for t in list(patcher.model.parameters()) + list(patcher.model.buffers()) for s in _storages(t)):
         if hasattr(storage, "_comfy_tensor_file_slice") and storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             spans.append((storage.data_ptr(), storage.nbytes()))

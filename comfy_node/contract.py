@@ -17,7 +17,7 @@ class Budget(TypedDict):
     room_bytes: int
     excess_bytes: int
     headroom_bytes: int
-    bound_by: str  # user, os_cap, headroom, pressure, commit
+    bound_by: str  # user, os_cap, headroom, pressure
     terms: List[Tuple[str, int]]
     reason: str
 
@@ -129,6 +129,7 @@ class NativeStatus(TypedDict):
     owners: List[OwnerStatus]
     cuda: Cuda
     os_lock_available: bool
+    os_lock_limit_bytes: Optional[int]  # RLIMIT_MEMLOCK without CAP_IPC_LOCK; None: no limit
     paging: Paging
     counters: Counters
     release_failures: int
@@ -149,6 +150,14 @@ class ModelStatus(OwnerStatus):
     notes: List[str]
     standing_aside: Optional[str]
     dynamic: Optional["DynamicModel"]
+    weights: "WeightKinds"
+
+
+class WeightKinds(TypedDict, total=False):
+    """What the last reconcile found of the model's weights in RAM (weights.host_ranges); empty
+    before the first."""
+    bytes_by_kind: dict  # "plain" / "quantized" / "gguf" -> bytes
+    left_to_comfyui: List[dict]  # {"what": type and reason, "weights": count, "bytes": claimed bytes}
 
 
 class DynamicModel(TypedDict):

@@ -4,7 +4,7 @@ There ComfyUI keeps a model's weights in its own private read-only mapping of th
 and, at each forward, reads each module's weights from the file into a slice of its own pinned
 host buffer ("staging") and copies them to the GPU (comfy.py has the details). Viking brings:
 
-1. Governance. Viking's live budget (headroom, container limit, commit charge, pressure) is
+1. Governance. Viking's live budget (headroom, container limit, pressure) is
    ComfyUI's ceiling on staging registrations (MAX_PINNED_MEMORY, read at call time), less what
    Viking holds itself, updated while the server runs (`govern`). Pinned models of higher
    priority keep their staging first: ComfyUI's per-model eviction calls are refused for them
@@ -42,7 +42,7 @@ CAP_NOTE = ("vram_cap_gib does nothing in dynamic VRAM mode: ComfyUI's dynamic l
 
 def ceiling_for_comfy(budget: dict, memory: dict) -> int:
     """ComfyUI's share of the budget, less Viking's own pins. Viking's limit leaves out what
-    others hold for the OS cap, headroom, pressure and commit terms (so ComfyUI's own pins
+    others hold for the OS cap, headroom and pressure terms (so ComfyUI's own pins
     are added back), not for the user's budget, which here covers ComfyUI's staging too."""
     others = 0 if budget["bound_by"] == "user" else memory["pinned_by_others"]
     return max(1, budget["limit_bytes"] + others - budget["pinned_bytes"])
@@ -108,8 +108,8 @@ def file_ranges(patcher, record) -> list[tuple[int, int, object]]:
     read-only views (one per file, spanning at least those slices), for the native pins. Nothing before
     the model has sampled once: until then staging is not decided, and pinning the whole file
     would hold the model twice while ComfyUI stages it. A file that cannot be mapped (shorter
-    than ComfyUI's slices: replaced or truncated on disk) gets a note and no residency; none
-    either with the node's file_residency off."""
+    than ComfyUI's slices: replaced or truncated on disk; an OS error; a platform without file
+    views) gets a note and no residency; none either with the node's file_residency off."""
     page = 4096
     by_file: dict[int, list[tuple[int, int]]] = {}
     if record.sampled and record.settings.file_residency:
@@ -126,8 +126,10 @@ def file_ranges(patcher, record) -> list[tuple[int, int, object]]:
         # (a new view would lock every page again); only a span that grew needs a new one.
         if view is None or start < view[1] or end > view[1] + view[0].len:
             try:
-                view = (native.map_file(fd, start, end - start), start)
-            except ValueError as error:
+                view = (native.map_file(comfy.native_file(fd), start, end - start), start)
+            except Exception as error:  # noqa: BLE001 - a file or platform without views: no residency, never a failed event
+                # A truncated file (ValueError), an OS error from mmap / fstat, a platform with no
+                # views (BackendUnavailableError): said once per model and reason.
                 note = f"no residency for one checkpoint file: {error}"
                 if note not in record.notes:
                     record.notes.append(note)

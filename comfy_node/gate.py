@@ -73,6 +73,22 @@ def drain(where: str):
         dynamic.govern()
 
 
+_execution_thread: int | None = None  # ComfyUI's execution thread, once a Viking node or sampling ran on it
+
+
+def note_execution_thread():
+    """Called where only ComfyUI's execution thread runs Viking (a node's run, the start of sampling)."""
+    global _execution_thread
+    _execution_thread = threading.get_ident()
+
+
+def on_another_thread() -> bool:
+    """A ComfyUI callback arriving off the execution thread: ModelPatcher.__del__ detaches a
+    model on whichever thread drops its last reference or runs the cyclic collector, possibly
+    while another prompt samples. Such a callback must go through `submit`."""
+    return _execution_thread is not None and threading.get_ident() != _execution_thread
+
+
 def on_execution_thread():
     """Every Viking entry point on ComfyUI's execution thread calls this first (holding `lock`)."""
     if _deferred or _watcher is not None:

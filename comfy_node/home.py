@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import comfy
+from .weights import PLAIN, weight_kind
 
 
 @dataclass
@@ -59,6 +60,13 @@ def update(patcher, record):
         if name in hook_backup:
             continue  # hook-patched now; the home (if any) was taken before the hook applied
         current = backup[name].weight if name in backup else weight
+        if weight_kind(current) != PLAIN or weight_kind(weight) != PLAIN:
+            # A quantized or GGUF weight is not one tensor a `.to` swap can point back at its
+            # home: it takes ComfyUI's own paths (its bytes in RAM are pinned all the same).
+            home.tensors.pop(name, None)
+            home.stamps.pop(name, None)
+            home.pending.pop(name, None)
+            continue
         if current.device.type == "cpu":
             home.tensors[name] = current.data
             home.stamps.pop(name, None)

@@ -24,7 +24,7 @@ from . import comfy, dynamic, gate, home, models, prefetch, timing, vram_cap
 from . import native as native_module
 from .models import ModelRecord, PinSettings
 from .native import require
-from .weights import cpu_storage_ranges, module_tensors
+from .weights import PLAIN, host_ranges, module_tensors
 
 if TYPE_CHECKING:
     from . import contract
@@ -37,6 +37,10 @@ _unpin_count = 0  # bumped by every unpin: pin nodes re-run after one
 
 HOOKS_NOTE = ("no pinned home and no prefetch: hook patches (CreateHookLora, SetClipHooks, scheduled hooks) "
               "rewrite these weights in place during sampling; ComfyUI's own paths carry them")
+
+
+KINDS_NOTE = ("quantized / GGUF weights: pinned in RAM like the others; their loads, unloads and streaming "
+              "take ComfyUI's own paths (no pinned home, no prefetch for them)")
 
 
 def unpin_generation() -> int:
@@ -129,7 +133,7 @@ def reconcile(patcher) -> dict | None:
                                          settings.prefetch_window_mib << 20)
     record.last_report = report
     for failure in report["failures"]:
-        log.warning("Viking Engine: a pin failed for %s: %s", settings.label, failure)
+        warn_once(record, f"a pin failed: {failure}")
     return report
 
 
@@ -162,18 +166,45 @@ def _note_hooks(record: ModelRecord, patcher):
 
 def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=()) -> dict:
     settings = record.settings
-    ranges, pinned_elsewhere = cpu_storage_ranges(host_weights(patcher))
-    ranges += list(extra_ranges)
+    found = host_ranges(host_weights(patcher))
+    _note_weights_left(record, found.left_to_comfyui)
+    ranges, pinned_elsewhere = found.ranges + list(extra_ranges), found.pinned_elsewhere
     comfy_ranges, comfy_total = comfy.foreign_pins()
-    return json.loads(native.reconcile(
+    report = json.loads(native.reconcile(
         record.owner, ranges,
         priority=settings.priority,
-        backend=settings.backend,
+        backend=backend_for(settings.backend, patcher),
         label=settings.label,
         model_limit_gib=settings.model_limit_gib,
         foreign=pinned_elsewhere + comfy_ranges,
         others_pinned_bytes=comfy_total,
     ))
+    if set(found.bytes_by_kind) - {PLAIN} and KINDS_NOTE not in record.notes:
+        record.notes.append(KINDS_NOTE)
+    record.weight_kinds = {"bytes_by_kind": found.bytes_by_kind,
+                           "left_to_comfyui": [{"what": what, "weights": n, "bytes": b}
+                                               for what, (n, b) in sorted(found.left_to_comfyui.items())]}
+    return report
+
+
+def _note_weights_left(record: ModelRecord, left: dict):
+    """Weights of a type Viking cannot read stay with ComfyUI: said once per model and type, in
+    the log and the model's notes, never again at each event."""
+    for what, (count, nbytes) in left.items():
+        if what in record.warnings_said:
+            continue
+        record.warnings_said.add(what)
+        note = (f"left to ComfyUI: {count} weight(s) of type {what}, {nbytes / 2**20:.1f} MiB "
+                f"(Viking cannot read their memory)")
+        record.notes.append(note)
+        log.warning("Viking Engine: %s: %s", record.settings.label, note)
+
+
+def backend_for(choice: str, patcher) -> str:
+    """The backend a model's pins use: "auto" is the OS lock for a model ComfyUI computes on the
+    CPU (--cpu, a CPU-only text encoder), so no CUDA context is made for it even where a GPU
+    is present; otherwise the native side's auto (CUDA when it starts, else the OS lock)."""
+    return "os-lock" if choice == "auto" and not comfy.runs_on_gpu(patcher) else choice
 
 
 def host_weights(patcher) -> list:
@@ -202,11 +233,36 @@ def _drop_streaming(record: ModelRecord):
 def _on_event(patcher, *_args):
     # Runs inside ComfyUI's load/unload: an exception here would abort the load, so never raise.
     try:
+        if gate.on_another_thread():
+            # Off the execution thread (a patcher's __del__ on a collector's thread): now when no
+            # prompt runs, else by the execution thread at its next Viking callback (a release
+            # here could pull pages from under copies the running prompt has queued).
+            ref = weakref.ref(patcher)
+            gate.submit("reconcile after a ComfyUI event on another thread", lambda: _reconcile_if_alive(ref))
+            return
         with timing.timed("event"), gate.lock:
             gate.on_execution_thread()
             reconcile(patcher)
     except Exception as error:  # noqa: BLE001 - logged, never propagated into ComfyUI
-        log.warning("Viking Engine: reconcile after a ComfyUI event failed: %s", error)
+        warn_once(record_of(patcher), f"reconcile after a ComfyUI event failed: {error}")
+
+
+def _reconcile_if_alive(ref):
+    patcher = ref()
+    return reconcile(patcher) if patcher is not None else None
+
+
+def warn_once(record: ModelRecord | None, text: str):
+    """Logs a failure of Viking's own work on a ComfyUI event once per model and text (ComfyUI
+    fires several events a prompt: the same warning each time helps nobody); the model's notes
+    keep it for the status."""
+    key = text[:300]
+    if record is not None:
+        if key in record.warnings_said:
+            return
+        record.warnings_said.add(key)
+        record.notes.append(f"Viking failed here and left it to ComfyUI: {text}")
+    log.warning("Viking Engine: %s%s", f"{record.settings.label}: " if record is not None else "", text)
 
 
 def _on_pre_run(patcher, *_args):
@@ -214,13 +270,14 @@ def _on_pre_run(patcher, *_args):
     run switch home and prefetch off before the first step."""
     try:
         with timing.timed("event"), gate.lock:
+            gate.note_execution_thread()  # sampling runs on ComfyUI's execution thread
             gate.on_execution_thread()
             record = record_of(patcher)
             if record is not None:
                 record.sampled = True
                 _note_hooks(record, patcher)
     except Exception as error:  # noqa: BLE001
-        log.warning("Viking Engine: sampling-start check failed: %s", error)
+        warn_once(record_of(patcher), f"sampling-start check failed: {error}")
 
 
 def _on_clone(original, clone):
@@ -252,8 +309,10 @@ def _install_wrappers(patcher):
 def attach(patcher, settings: PinSettings) -> dict | None:
     """Makes `patcher` (and clones made from it later) keep its model's weights pinned."""
     native = require()
-    if settings.headroom_gib is not None:
-        native.configure(headroom_gib=settings.headroom_gib if settings.headroom_gib > 0 else -1.0)
+    # The headroom is shared by every model: a node that asks for one sets it; a node left at 0
+    # leaves it as it is (auto unless another node set it), so it never undoes another's.
+    if settings.headroom_gib:
+        native.configure(headroom_gib=settings.headroom_gib)
     vram_cap_bytes = native.gib_to_bytes("vram_cap_gib", settings.vram_cap_gib)
     owner = comfy.owner_of(patcher)
     with gate.lock:
@@ -267,7 +326,22 @@ def attach(patcher, settings: PinSettings) -> dict | None:
         record.vram_cap_bytes = vram_cap_bytes
         comfy.attach_callbacks(patcher, KEY, _on_event, _on_clone, _on_pre_run)
         _install_wrappers(patcher)
-        return reconcile(patcher)
+        try:
+            return reconcile(patcher)
+        except (ValueError, native.BackendUnavailableError):
+            raise  # the node's inputs: its message says what to change
+        except Exception as error:  # noqa: BLE001 - a model Viking does not understand is left to ComfyUI
+            return _stand_aside(native, record, f"Viking stands aside for this model and leaves it to ComfyUI: {error}")
+
+
+def _stand_aside(native, record: ModelRecord, why: str) -> dict:
+    """Nothing of this model stays pinned; the status and the node's text say why (the prompt
+    goes on as ComfyUI alone would run it). Later events try again, and say a failure once."""
+    _drop_streaming(record)
+    native.release(record.owner)
+    warn_once(record, why)
+    record.last_report = {"owner": record.owner, "pinned_bytes": 0, "wanted_bytes": 0, "standing_aside": why}
+    return record.last_report
 
 
 def set_vram_cap(patcher, cap_gib: float):
@@ -327,6 +401,8 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status
     """The one status the node, the HTTP route and the panel read: the native snapshot, plus
     what only the Python side knows per model (VRAM, home, prefetch, notes, last report), which
     ComfyUI this is, ComfyUI's own pins and the changes waiting for the execution thread."""
+    # ComfyUI on the CPU (--cpu) gets no CUDA context from a status either.
+    probe_cuda = probe_cuda and comfy.host().mode != "cpu"
     snapshot = json.loads(require().status_json(probe_cuda=probe_cuda, mark_run=mark_run))
     listed = {entry["owner"] for entry in snapshot["owners"]}
     # A model with nothing pinned (Viking stands aside for it, or its budget holds nothing yet)
@@ -341,6 +417,7 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status
         entry["home_note"] = record.home.note if record is not None and record.home is not None else None
         entry["prefetch"] = prefetch.summary(record) if record is not None else None
         entry["notes"] = list(record.notes) if record is not None else []
+        entry["weights"] = dict(record.weight_kinds) if record is not None else {}
         report = (record.last_report if record is not None else None) or {}
         entry["standing_aside"] = report.get("standing_aside")
         patcher = record.live_patcher() if record is not None else None

@@ -41,6 +41,10 @@ class ModelRecord:
     dynamic_state: tuple = ()  # ComfyUI's staging totals and the model when they were last walked
     sampled: bool = False  # dynamic mode: sampled once, so ComfyUI's staging of it is decided
     notes: list[str] = field(default_factory=list)  # what stands aside for this model, and why
+    # Bytes in RAM by kind of weight (plain, quantized, gguf) and the weights left to ComfyUI,
+    # as the last reconcile found them (weights.host_ranges).
+    weight_kinds: dict = field(default_factory=dict)
+    warnings_said: set = field(default_factory=set)  # what was already said for this model (log and notes)
 
     def live_patcher(self):
         return self.patcher() if self.patcher is not None else None

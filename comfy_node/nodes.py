@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from . import comfy, lifecycle
+from . import comfy, gate, lifecycle
 from .native import require
 from .report import human, status_text
 from .spec import ALWAYS, Input, NodeSpec, Output, Result
@@ -14,17 +14,20 @@ BACKENDS = ["auto", "cuda", "os-lock"]
 
 SETTINGS_INPUTS = [
     Input("budget_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step=0.5,
-          tooltip="Pin at most this many GiB of this model. 0 = as much as the shared RAM budget allows."),
-    Input("headroom_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step=0.5,
-          tooltip="RAM that must stay un-pinned for everything else (shared by all models). 0 = auto (20% of RAM, 4-16 GiB)."),
-    Input("backend", "COMBO", default="auto", options=BACKENDS,
-          tooltip="auto: CUDA registration when a GPU is present (fast DMA, no swap), else an OS page lock (no swap)."),
+          tooltip="Keep at most this many GiB of this model page-locked in RAM (safe from swap and the pagefile). "
+                  "0 = as much as the shared RAM budget allows. Every mode."),
+    Input("headroom_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step=0.5, advanced=True,
+          tooltip="RAM that must stay un-pinned for everything else, shared by all models. 0 = leave it as it is "
+                  "(auto: 20% of RAM, 4-16 GiB, unless another Pin node set it). Every mode."),
+    Input("backend", "COMBO", default="auto", options=BACKENDS, advanced=True,
+          tooltip="auto: CUDA registration when ComfyUI computes on an NVIDIA GPU (fast DMA, no swap), else an OS "
+                  "page lock (no swap). cuda / os-lock: that one only."),
     Input("priority", "INT", default=0, min=-100, max=100,
-          tooltip="When the budget is short, pins of lower priority are released first."),
-    Input("pinned_home", "BOOLEAN", default=True,
-          tooltip="Keep the pinned RAM copy while the weights are in VRAM, so unloading costs nothing and "
-                  "reloading runs at full DMA speed. Costs RAM equal to the weights in VRAM (within the budget; "
-                  "without room the model unloads the ordinary way)."),
+          tooltip="When RAM runs short, the pins of lower priorities go first. Every mode."),
+    Input("pinned_home", "BOOLEAN", default=True, advanced=True,
+          tooltip="Static mode (--disable-dynamic-vram, or ComfyUI 0.3.x) only: keep the pinned RAM copy while the "
+                  "weights are in VRAM, so unloading copies nothing and reloading runs at full DMA speed. Costs RAM "
+                  "equal to the weights in VRAM (within the budget)."),
 ]
 
 
@@ -32,6 +35,7 @@ def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float,
          pinned_home: bool = True, vram_cap_gib: float = 0.0, prefetch: bool = True,
          file_residency: bool = True) -> Result:
     native = require()
+    gate.note_execution_thread()  # ComfyUI runs nodes on its execution thread
     for name, number in (("budget_gib", budget_gib), ("headroom_gib", headroom_gib), ("vram_cap_gib", vram_cap_gib)):
         native.gib_to_bytes(name, float(number))  # the one rule for sizes; its ValueError says what to change
     if backend not in BACKENDS:
@@ -71,7 +75,9 @@ def _pin_text(report: dict, notes: list[str], node_budget_bytes: int = 0) -> str
     budget = report["budget"]
     # Which limit binds only matters when something was left unpinned for it: this node's
     # budget_gib, or the shared budget.
-    if not lifecycle.skipped_for(report, "over_budget"):
+    if lifecycle.skipped_for(report, "lock_limit"):
+        budget_note = "limited by the locked-memory limit (ulimit -l; see below)"
+    elif not lifecycle.skipped_for(report, "over_budget"):
         budget_note = f"budget room left {human(budget['room_bytes'])}"
     elif node_budget_bytes and report["pinned_bytes"] + (1 << 20) >= node_budget_bytes:
         budget_note = f"limited by this node's budget_gib: {human(node_budget_bytes)}"
@@ -90,15 +96,15 @@ def _pin_text(report: dict, notes: list[str], node_budget_bytes: int = 0) -> str
     return "\n".join(lines + notes)
 
 
-VRAM_CAP = Input("vram_cap_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step=0.5,
-                 tooltip="Keep at most this many GiB of the model's weights in VRAM; the rest stays in pinned RAM "
-                         "and streams to the GPU at each step. 0 = let ComfyUI decide.")
-PREFETCH = Input("prefetch", "BOOLEAN", default=True, optional=True,  # optional: saved API graphs stay valid
-                 tooltip="Copy the weights that stream from RAM (low VRAM, or a VRAM cap) to the GPU ahead of the "
-                         "layers that need them, on a copy stream of their own. Off: ComfyUI streams them alone.")
+VRAM_CAP = Input("vram_cap_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step=0.5, advanced=True,
+                 tooltip="Static mode only: keep at most this many GiB of the model's weights in VRAM; the rest stays "
+                         "in pinned RAM and streams to the GPU at each step. 0 = let ComfyUI decide.")
+PREFETCH = Input("prefetch", "BOOLEAN", default=True, optional=True, advanced=True,  # optional: saved API graphs stay valid
+                 tooltip="Static mode only: copy the weights that stream from RAM (low VRAM, or a VRAM cap) to the GPU "
+                         "ahead of the layers that need them. Off: ComfyUI streams them alone.")
 
-FILE_RESIDENCY = Input("file_residency", "BOOLEAN", default=True, optional=True,  # optional and last: saved graphs stay valid
-                       tooltip="ComfyUI's dynamic VRAM mode: keep the checkpoint pages this model reads from its file (the "
+FILE_RESIDENCY = Input("file_residency", "BOOLEAN", default=True, optional=True, advanced=True,  # optional and last: saved graphs stay valid
+                       tooltip="Dynamic VRAM mode (ComfyUI 0.33+'s default on NVIDIA) only: keep the checkpoint pages this model reads from its file (the "
                                "weights ComfyUI does not stage) locked in RAM, within the budget, so memory pressure cannot force "
                                "re-reads from disk. Costs RAM equal to those pages. Off: ComfyUI's own staging only.")
 
@@ -147,14 +153,19 @@ def _pin_spec(node_id: str, kind: str, display: str, description: str, extra_inp
 
 SPECS = [
     _pin_spec("VikingPinModel", "MODEL", "Viking Pin Model",
-              "Keeps the diffusion model's weights that sit in RAM page-locked (never swapped; full-speed "
+              "Memory: keeps the diffusion model's weights that sit in RAM page-locked (never swapped out to "
+              "swap or the pagefile; full-speed "
               "copies to the GPU), within a RAM budget. Returns a clone; the pins follow the weights as "
               "ComfyUI loads and unloads them. With a pinned home, unloading copies nothing and reloading "
               "runs at DMA speed. Optionally caps the VRAM the model's weights take; the rest streams from "
               "pinned RAM, prefetched ahead of the layers that need it.",
               extra_inputs=[VRAM_CAP, PREFETCH]),
-    _pin_spec("VikingPinCLIP", "CLIP", "Viking Pin CLIP", "The same as Viking Pin Model, for the text encoder."),
-    _pin_spec("VikingPinVAE", "VAE", "Viking Pin VAE", "The same as Viking Pin Model, for the VAE."),
+    _pin_spec("VikingPinCLIP", "CLIP", "Viking Pin CLIP",
+              "Memory: keeps the text encoder's weights that sit in RAM page-locked (never swapped out), within the RAM "
+              "budget, as Viking Pin Model does for the diffusion model."),
+    _pin_spec("VikingPinVAE", "VAE", "Viking Pin VAE",
+              "Memory: keeps the VAE's weights that sit in RAM page-locked (never swapped out), within the RAM budget, "
+              "as Viking Pin Model does for the diffusion model."),
     NodeSpec(
         node_id="VikingMemoryStatus",
         display_name="Viking Memory Status",
@@ -168,9 +179,13 @@ SPECS = [
     NodeSpec(
         node_id="VikingUnpin",
         display_name="Viking Unpin",
-        description="Releases the pins of the connected model(s), or every pin.",
-        inputs=[Input("model", "MODEL", optional=True), Input("clip", "CLIP", optional=True),
-                Input("vae", "VAE", optional=True), Input("everything", "BOOLEAN", default=False, optional=True)],
+        description="Memory: lets go of the page-locked RAM Viking holds for the connected model(s), or of all of it. "
+                    "The weights stay where they are; the OS may page them out again.",
+        inputs=[Input("model", "MODEL", optional=True, tooltip="The model whose pins to release."),
+                Input("clip", "CLIP", optional=True, tooltip="The text encoder whose pins to release."),
+                Input("vae", "VAE", optional=True, tooltip="The VAE whose pins to release."),
+                Input("everything", "BOOLEAN", default=False, optional=True,
+                      tooltip="On: release every pin Viking holds, whatever is connected.")],
         outputs=[],
         run=_unpin,
         output_node=True,

@@ -12,9 +12,44 @@ def human(nbytes: float) -> str:
     return f"{nbytes:.1f} TiB"
 
 
+# What a person can change when weights were left unpinned for a reason (plan.rs SkipReason names).
+ADVICE = {
+    "over_budget": "raise the node's budget_gib, or lower headroom_gib if the machine can spare the RAM",
+    "lock_limit": "raise the locked-memory limit: docker run --ulimit memlock=-1 (or --cap-add IPC_LOCK), "
+                  "systemd LimitMEMLOCK=infinity",
+}
+
+
+def verdict(status: dict) -> str:
+    """One line for people first: is the model data safe from swap, and if not, what binds and
+    what to change."""
+    swap = "the pagefile" if status["paging"].get("commit_limit") else "swap"
+    owners = status["owners"]
+    if not owners:
+        return ("Viking Engine: no model pinned yet. Put a Viking Pin Model after a loader, or switch on engine mode "
+                "(Settings > Viking Engine).")
+    pinned = sum(o["pinned_bytes"] for o in owners)
+    wanted = sum(o["wanted_bytes"] for o in owners)
+    comfy = status.get("comfy") or {}
+    if wanted == 0 and comfy.get("mode") == "dynamic":
+        return (f"Viking Engine: ComfyUI's dynamic VRAM mode stages the weights itself ({human(comfy.get('pinned_bytes') or 0)} "
+                f"pinned by ComfyUI); Viking keeps its pin ceiling within the budget ({status['budget']['reason']}).")
+    text = f"Viking Engine: {human(pinned)} of your models' {human(wanted)} in RAM is page-locked: safe from {swap}."
+    skipped: dict[str, int] = {}
+    for owner in owners:
+        for skip in owner["skipped"]:
+            skipped[skip["reason"]] = skipped.get(skip["reason"], 0) + skip["bytes"]
+    binding = max((r for r in skipped if r in ADVICE), key=skipped.get, default=None)
+    if binding is not None:
+        why = status["budget"]["reason"] if binding == "over_budget" else "the locked-memory limit (ulimit -l)"
+        text += f" {human(skipped[binding])} left out: {why}. To pin it: {ADVICE[binding]}."
+    return text
+
+
 def status_text(status: dict) -> str:
     memory, budget = status["memory"], status["budget"]
-    lines = [f"Viking Engine {status['version']}: {human(status['pinned_bytes'])} pinned in {status['registrations']} region(s)"]
+    lines = [verdict(status), "Details:",
+             f"Viking Engine {status['version']}: {human(status['pinned_bytes'])} pinned in {status['registrations']} region(s)"]
     lines.append(f"Budget: {human(budget['limit_bytes'])} ({budget['reason']}); room left {human(budget['room_bytes'])}")
     for owner in status["owners"]:
         backends = ", ".join(f"{name} {human(b)}" for name, b in owner["by_backend"].items()) or "nothing pinned"
@@ -49,7 +84,8 @@ def status_text(status: dict) -> str:
         lines.append(f"Memory pressure: {human(memory['given_back_under_pressure'])} of pins given back so the OS may page "
                      "those weights out; the next run pins them again once RAM is free")
     paging = status["paging"]
-    swap_line = f"Swap: {human(paging['swap_used'])} used of {human(paging['swap_total'])}"
+    swap_name = "Pagefile" if paging.get("commit_limit") else "Swap"  # Windows reports its pagefile as swap
+    swap_line = f"{swap_name}: {human(paging['swap_used'])} used of {human(paging['swap_total'])}"
     if paging.get("process_swapped_bytes") is not None:
         swap_line += f"; this process {human(paging['process_swapped_bytes'])} in swap"
     if paging.get("swapped_in_since_last_run") is not None:

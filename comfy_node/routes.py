@@ -3,6 +3,7 @@ thread: changes go through gate.submit, which applies them at once when no promp
 otherwise hands them to the execution thread (the answer then says "deferred")."""
 
 import json
+import asyncio
 import os
 
 from aiohttp import web
@@ -53,9 +54,17 @@ async def _change_request(request) -> dict:
 async def viking_status(request):
     """The status JSON (what the status node shows), plus its text form under "text"."""
     _guard(request, "read")
-    status = lifecycle.status(probe_cuda=request.query.get("probe_cuda") == "1")
-    status["text"] = status_text(status)
+    probe_cuda = request.query.get("probe_cuda") == "1"
+    # Off the event loop: the status reads page tables (milliseconds per GiB pinned), and the
+    # server's every request and websocket message waits while the loop is busy.
+    status = await asyncio.get_running_loop().run_in_executor(None, _status_with_text, probe_cuda)
     return web.json_response(status)
+
+
+def _status_with_text(probe_cuda: bool) -> dict:
+    status = lifecycle.status(probe_cuda=probe_cuda)
+    status["text"] = status_text(status)
+    return status
 
 
 @PromptServer.instance.routes.post("/viking/unpin")

@@ -8,7 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-CATEGORY = "Viking"
+# Under "memory" in the node menu: these nodes page-lock model weights in RAM; they have nothing
+# to do with the canvas's own "pin" (lock a node's position).
+CATEGORY = "memory/Viking Engine"
+SEARCH_ALIASES = ["swap", "pagefile", "page lock", "pinned memory", "offload", "lowvram", "ram", "vram"]
 
 
 @dataclass
@@ -22,6 +25,7 @@ class Input:
     options: list[str] = field(default_factory=list)
     optional: bool = False
     tooltip: str = ""
+    advanced: bool = False  # folded away in frontends that know V3's `advanced` flag
 
 
 @dataclass
@@ -56,10 +60,20 @@ def ALWAYS():
 
 
 def v3_class(spec: NodeSpec):
+    import dataclasses
+    import inspect
+
     from comfy_api.latest import io, ui
+
+    # Newer comfy_api versions take an input's `advanced` flag and a schema's search aliases;
+    # decided by what this ComfyUI's classes accept, not by its version number.
+    takes_advanced = "advanced" in inspect.signature(io.Float.Input.__init__).parameters
+    takes_aliases = "search_aliases" in {f.name for f in dataclasses.fields(io.Schema)}
 
     def make_input(i: Input):
         common = dict(optional=i.optional, tooltip=i.tooltip or None)
+        if takes_advanced and i.advanced:
+            common["advanced"] = True
         if i.kind == "MODEL":
             return io.Model.Input(i.name, **common)
         if i.kind == "CLIP":
@@ -94,6 +108,7 @@ def v3_class(spec: NodeSpec):
                 outputs=[make_output(o) for o in spec.outputs],
                 hidden=[io.Hidden.unique_id],
                 is_output_node=spec.output_node,
+                **({"search_aliases": SEARCH_ALIASES} if takes_aliases else {}),
             )
 
         @classmethod

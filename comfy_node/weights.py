@@ -4,27 +4,108 @@ engine holds a reference to the memory for as long as it is pinned."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Iterable
 
 
-def cpu_storage_ranges(tensors: Iterable) -> tuple[list[tuple[int, int, object]], list[tuple[int, int]]]:
-    """Returns (ranges, pinned_elsewhere). Skips GPU, meta and empty tensors; views of one
-    storage count once. `pinned_elsewhere` lists storages CUDA already reports as pinned (by
-    ComfyUI, by `pin_memory()`, or by Viking itself: the engine takes its own out): the engine
-    never registers those twice."""
-    ranges, pinned_elsewhere, seen = [], [], set()
+# Kinds of weight, as the status counts them.
+PLAIN, QUANTIZED, GGUF = "plain", "quantized", "gguf"
+
+
+def storage_parts(tensor) -> list:
+    """The plain tensors that hold `tensor`'s bytes. A plain tensor (or a subclass with storage
+    of its own, like ComfyUI-GGUF's GGMLTensor) is its own part. A wrapper subclass, whose
+    storage is a placeholder (comfy-kitchen's QuantizedTensor: fp8, nvfp4, mxfp8, int8
+    layouts), names its inner tensors through torch's flatten protocol (`__tensor_flatten__`,
+    what torch.compile uses): the quantized data and its scales; nested wrappers are followed.
+    Anything else raises, and the caller leaves it to ComfyUI."""
+    import torch
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    names, _context = tensor.__tensor_flatten__()
+    parts = []
+    for name in names:
+        inner = getattr(tensor, name)
+        if isinstance(inner, torch.Tensor):
+            parts += storage_parts(inner)
+    return parts
+
+
+def weight_kind(tensor) -> str:
+    """plain, quantized (a wrapper subclass: its inner tensors hold the bytes) or gguf
+    (ComfyUI-GGUF's tensor subclass, whose storage holds the packed blocks)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(tensor):
+        return QUANTIZED
+    if type(tensor).__name__ == "GGMLTensor":
+        return GGUF
+    return PLAIN
+
+
+def _claimed_bytes(tensor) -> int:
+    """What a weight says it holds, for the status of one Viking cannot read (0 if even that fails)."""
+    try:
+        return int(tensor.nelement()) * int(tensor.element_size())
+    except Exception:  # noqa: BLE001 - a tensor that cannot say: 0
+        return 0
+
+
+@dataclass
+class HostRanges:
+    """The host memory behind a set of weights, for the native engine and the status."""
+    ranges: list = field(default_factory=list)            # (data_ptr, nbytes, storage), one per storage
+    pinned_elsewhere: list = field(default_factory=list)  # (data_ptr, nbytes) CUDA reports pinned already
+    bytes_by_kind: dict = field(default_factory=dict)     # plain / quantized / gguf -> bytes in RAM
+    # "<type> (<reason>)" -> [weights, bytes] of weights left to ComfyUI as they are
+    left_to_comfyui: dict = field(default_factory=dict)
+
+
+def host_ranges(tensors: Iterable) -> HostRanges:
+    """One (data_ptr, nbytes, storage) per distinct CPU storage behind `tensors`. Skips GPU,
+    meta and empty tensors; views of one storage count once. A weight whose memory cannot be
+    read (a tensor type nobody here knows) is left to ComfyUI and counted, never raised:
+    nothing about a weight may fail the user's prompt. `pinned_elsewhere` lists storages CUDA
+    already reports as pinned (by ComfyUI, by `pin_memory()`, or by Viking itself: the engine
+    takes its own out): the engine never registers those twice."""
+    found, seen = HostRanges(), set()
     for tensor in tensors:
-        if tensor is None or tensor.device.type != "cpu" or tensor.is_meta:
+        if tensor is None:
             continue
-        storage = tensor.untyped_storage()
-        ptr, nbytes = storage.data_ptr(), storage.nbytes()
-        if ptr == 0 or nbytes == 0 or ptr in seen:
+        try:
+            if tensor.device.type != "cpu" or tensor.is_meta:
+                continue
+            kind = weight_kind(tensor)
+            parts = [(p.untyped_storage(), p) for p in storage_parts(tensor)]
+        except Exception as error:  # noqa: BLE001 - an unknown weight type: ComfyUI keeps it as it is
+            key = f"{type(tensor).__module__}.{type(tensor).__name__} ({_short(error)})"
+            count = found.left_to_comfyui.setdefault(key, [0, 0])
+            count[0] += 1
+            count[1] += _claimed_bytes(tensor)
             continue
-        seen.add(ptr)
-        ranges.append((ptr, nbytes, storage))
-        if tensor.is_pinned():
-            pinned_elsewhere.append((ptr, nbytes))
-    return ranges, pinned_elsewhere
+        for storage, part in parts:
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
+            if ptr == 0 or nbytes == 0 or ptr in seen or part.device.type != "cpu":
+                continue
+            seen.add(ptr)
+            found.ranges.append((ptr, nbytes, storage))
+            found.bytes_by_kind[kind] = found.bytes_by_kind.get(kind, 0) + nbytes
+            if part.is_pinned():
+                found.pinned_elsewhere.append((ptr, nbytes))
+    return found
+
+
+def _short(error: Exception) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text[:120]
+
+
+def cpu_storage_ranges(tensors: Iterable) -> tuple[list[tuple[int, int, object]], list[tuple[int, int]]]:
+    """(ranges, pinned_elsewhere) of host_ranges(tensors)."""
+    found = host_ranges(tensors)
+    return found.ranges, found.pinned_elsewhere
 
 
 def own_tensors(module) -> list:

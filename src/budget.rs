@@ -9,8 +9,10 @@
 //! - `headroom`: RAM that must stay un-pinned for everything else: usable RAM - headroom - others;
 //! - `pressure`: only when available RAM has already fallen below the headroom: what we hold,
 //!   less the shortfall, so the OS may page out that much of our weights;
-//! - `commit` (Windows): the same when the commit charge left (RAM + pagefile) is below the
-//!   headroom: new allocations there fail outright, and locked pages cannot be trimmed to help.
+//!
+//! Windows' commit charge (RAM + pagefile promised to allocations) is reported, not a term:
+//! locking a page neither raises nor, unlocked, lowers it, so giving pins back when it runs
+//! short would cost speed and help nothing.
 //!
 //! Unpinning frees no RAM by itself (the weights stay where they are; the OS may now page them
 //! out), so available RAM does not rise when we release. Pins already given back during this
@@ -162,7 +164,6 @@ pub enum Term {
     OsCap,
     Headroom,
     Pressure,
-    Commit,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -184,9 +185,9 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// Available RAM (or commit charge) is below the headroom now.
+    /// Available RAM is below the headroom now.
     pub fn under_pressure(&self) -> bool {
-        self.terms.iter().any(|(term, _)| matches!(term, Term::Pressure | Term::Commit))
+        self.terms.iter().any(|(term, _)| matches!(term, Term::Pressure))
     }
 }
 
@@ -218,9 +219,6 @@ pub fn compute(snapshot: &MemorySnapshot, policy: &Policy) -> Budget {
     if snapshot.available_ram < headroom {
         terms.push((Term::Pressure, hold_less(headroom - snapshot.available_ram)));
     }
-    if let Some(commit_available) = snapshot.commit_available.filter(|&left| left < headroom) {
-        terms.push((Term::Commit, hold_less(headroom - commit_available)));
-    }
 
     // The first smallest term wins; `terms` always holds OsCap and Headroom.
     let (bound_by, limit_bytes) = terms.iter().copied().min_by_key(|&(_, bytes)| bytes).expect("terms is never empty");
@@ -236,11 +234,6 @@ pub fn compute(snapshot: &MemorySnapshot, policy: &Policy) -> Budget {
         Term::Pressure => format!(
             "limited by memory pressure: only {} available, below the {} headroom",
             gib(snapshot.available_ram),
-            gib(headroom)
-        ),
-        Term::Commit => format!(
-            "limited by the commit charge: only {} of RAM + pagefile left, below the {} headroom",
-            gib(snapshot.commit_available.unwrap_or(0)),
             gib(headroom)
         ),
     };
@@ -278,15 +271,17 @@ mod tests {
     }
 
     #[test]
-    fn windows_commit_charge_binds_when_nearly_exhausted() {
+    fn windows_commit_charge_never_takes_pins_back() {
+        // Nearly no commit charge left: unlocking would not give any back, so nothing is
+        // released for it (the budget is what RAM and headroom allow).
         let mut snapshot = machine(32, 20);
         snapshot.os = Os::Windows;
         snapshot.pinned_by_us = 8 * GIB;
         snapshot.commit_limit = Some(48 * GIB);
         snapshot.commit_available = Some(GIB);
         let budget = compute(&snapshot, &Policy::from_user(0.0, 0.0, 4.0).unwrap());
-        assert_eq!((budget.bound_by, budget.limit_bytes, budget.excess_bytes), (Term::Commit, 5 * GIB, 3 * GIB));
-        assert!(budget.reason.starts_with("limited by the commit charge"));
+        assert_eq!(budget.excess_bytes, 0, "{budget:?}");
+        assert!(!budget.under_pressure() && budget.limit_bytes >= 8 * GIB, "{budget:?}");
     }
 
     #[test]

@@ -76,6 +76,11 @@ impl Ledger {
     }
 
     /// Of `owner_bytes`: pins still being made off the caller's thread.
+    /// Bytes of every pin still being made off the thread.
+    pub fn pending_bytes(&self) -> u64 {
+        self.entries.values().filter(|e| e.registration.pending()).map(Entry::len).sum()
+    }
+
     pub fn owner_pending_bytes(&self, owner: u64) -> u64 {
         self.entries.values().filter(|e| e.owner == owner && e.registration.pending()).map(Entry::len).sum()
     }

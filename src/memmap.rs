@@ -124,6 +124,52 @@ pub fn classify(mappings: &[Mapping], addr: u64, len: u64) -> MemoryKind {
     worst
 }
 
+/// One region as Windows' VirtualQuery describes it (MEMORY_BASIC_INFORMATION): its State,
+/// Protect and Type fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowsRegion {
+    pub state: u32,
+    pub protect: u32,
+    pub kind: u32,
+}
+
+impl WindowsRegion {
+    pub const MEM_COMMIT: u32 = 0x1000;
+    pub const MEM_PRIVATE: u32 = 0x2_0000;
+    pub const MEM_MAPPED: u32 = 0x4_0000;
+    pub const MEM_IMAGE: u32 = 0x100_0000;
+    const PAGE_NOACCESS: u32 = 0x01;
+    const PAGE_WRITECOPY: u32 = 0x08;
+    const PAGE_EXECUTE_WRITECOPY: u32 = 0x80;
+    const PAGE_GUARD: u32 = 0x100;
+    const WRITABLE: u32 = 0x04 | 0x08 | 0x40 | 0x80; // READWRITE, WRITECOPY, EXECUTE_READWRITE, EXECUTE_WRITECOPY
+
+    /// The kind of memory, as `Mapping::kind` says it for Linux: a view of a file (MEM_MAPPED,
+    /// MEM_IMAGE) that is not writable is read-only file memory, which CUDA must never take
+    /// (ComfyUI-GGUF's read-only numpy memmap, a safetensors mapping).
+    pub fn memory_kind(self) -> MemoryKind {
+        let writable = self.protect & Self::WRITABLE != 0;
+        if self.state != Self::MEM_COMMIT {
+            MemoryKind::Unmapped
+        } else if self.protect & (Self::PAGE_GUARD | Self::PAGE_NOACCESS) != 0 || self.protect == 0 {
+            MemoryKind::Special
+        } else if !writable {
+            MemoryKind::ReadOnly
+        } else if !matches!(self.kind, Self::MEM_MAPPED | Self::MEM_IMAGE) {
+            MemoryKind::Anonymous // MEM_PRIVATE: heap, VirtualAlloc
+        } else if self.protect & (Self::PAGE_WRITECOPY | Self::PAGE_EXECUTE_WRITECOPY) != 0 {
+            MemoryKind::PrivateFile
+        } else {
+            MemoryKind::SharedWritable
+        }
+    }
+}
+
+/// The kind of a range that spans these regions (in address order, covering it): the worst.
+pub fn classify_windows(regions: &[WindowsRegion]) -> MemoryKind {
+    regions.iter().map(|r| r.memory_kind()).max_by_key(|k| k.badness()).unwrap_or(MemoryKind::Unmapped)
+}
+
 /// Counts the pages of a slice of /proc/PID/pagemap entries: (present in RAM, swapped out).
 /// Bit 63 of an entry: page present; bit 62: page swapped (Documentation/admin-guide/mm/pagemap).
 pub fn count_pagemap(entries: &[u64]) -> (u64, u64) {
@@ -199,5 +245,22 @@ mod tests {
             let start = 0x7f0000200000 + offset.min(0x100000 - len);
             prop_assert_eq!(classify(&maps, start, len), MemoryKind::PrivateFile);
         }
+    }
+
+    #[test]
+    fn windows_regions_are_classified_like_linux_mappings() {
+        let region = |state, protect, kind| WindowsRegion { state, protect, kind };
+        let (commit, private, mapped, image) =
+            (WindowsRegion::MEM_COMMIT, WindowsRegion::MEM_PRIVATE, WindowsRegion::MEM_MAPPED, WindowsRegion::MEM_IMAGE);
+        assert_eq!(region(commit, 0x04, private).memory_kind(), MemoryKind::Anonymous); // heap
+        assert_eq!(region(commit, 0x02, mapped).memory_kind(), MemoryKind::ReadOnly); // a read-only file view
+        assert_eq!(region(commit, 0x20, image).memory_kind(), MemoryKind::ReadOnly); // code of a DLL
+        assert_eq!(region(commit, 0x08, mapped).memory_kind(), MemoryKind::PrivateFile); // copy-on-write view
+        assert_eq!(region(commit, 0x04, mapped).memory_kind(), MemoryKind::SharedWritable); // shared memory
+        assert_eq!(region(0x2000, 0, private).memory_kind(), MemoryKind::Unmapped); // reserved only
+        assert_eq!(region(commit, 0x104, private).memory_kind(), MemoryKind::Special); // guard page
+        // A range over heap and a read-only view is read-only: the worst decides.
+        assert_eq!(classify_windows(&[region(commit, 0x04, private), region(commit, 0x02, mapped)]), MemoryKind::ReadOnly);
+        assert_eq!(classify_windows(&[]), MemoryKind::Unmapped);
     }
 }

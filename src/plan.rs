@@ -68,11 +68,30 @@ pub struct Rules {
     pub read_only_ok: bool,
     /// Regions of read-only memory above this are split (at storage boundaries).
     pub max_read_only_region_bytes: u64,
+    /// What more the OS lets this process lock (RLIMIT_MEMLOCK less what is locked now);
+    /// u64::MAX where nothing limits it (CAP_IPC_LOCK, an unlimited ulimit, Windows).
+    pub lock_room_bytes: u64,
+    /// Every region goes to the OS lock (its backend is the OS lock); otherwise only read-only
+    /// memory does (CUDA takes the rest, which the lock limit does not count).
+    pub lock_all_kinds: bool,
 }
 
 impl Rules {
     pub fn with_room(room_bytes: u64) -> Rules {
-        Rules { room_bytes, max_region_bytes: 32 << 30, min_region_bytes: 64 << 10, read_only_ok: true, max_read_only_region_bytes: 64 << 20 }
+        Rules {
+            room_bytes,
+            max_region_bytes: 32 << 30,
+            min_region_bytes: 64 << 10,
+            read_only_ok: true,
+            max_read_only_region_bytes: 64 << 20,
+            lock_room_bytes: u64::MAX,
+            lock_all_kinds: true,
+        }
+    }
+
+    /// Whether regions of this kind are OS-locked (and count against the lock limit).
+    fn locked(&self, kind: MemoryKind) -> bool {
+        self.lock_all_kinds || kind == MemoryKind::ReadOnly
     }
 
     /// (smallest, largest) region of memory of this kind.
@@ -107,6 +126,7 @@ pub enum SkipReason {
     PartlyPinnedElsewhere,
     TooSmall,
     TooLarge,
+    LockLimit,
 }
 
 impl SkipReason {
@@ -120,6 +140,7 @@ impl SkipReason {
             SkipReason::PartlyPinnedElsewhere => "partly_pinned_elsewhere",
             SkipReason::TooSmall => "too_small",
             SkipReason::TooLarge => "too_large",
+            SkipReason::LockLimit => "lock_limit",
         }
     }
 
@@ -135,6 +156,10 @@ impl SkipReason {
             }
             SkipReason::TooSmall => "too small to be worth a registration",
             SkipReason::TooLarge => "a single storage too large for one registration",
+            SkipReason::LockLimit => {
+                "over the locked-memory limit (ulimit -l): raise it (docker run --ulimit memlock=-1, systemd \
+                 LimitMEMLOCK=infinity) or give the container CAP_IPC_LOCK"
+            }
         }
     }
 }
@@ -376,6 +401,7 @@ fn merge_runs(ranges: &[HostRange], accepted: &[usize]) -> Vec<Run> {
 /// storage gets a registration of its own).
 fn fill(ranges: &[HostRange], runs: Vec<Run>, rules: &Rules, out: &mut Plan) {
     let mut room = rules.room_bytes;
+    let mut lock_room = rules.lock_room_bytes;
     for run in runs {
         let skip = |out: &mut Plan, addr: u64, end: u64, reason| out.skipped.push(Skipped { addr, len: end - addr, owner: run.owner, reason });
         let (min_region, max_region) = rules.region_bounds(run.kind);
@@ -383,15 +409,20 @@ fn fill(ranges: &[HostRange], runs: Vec<Run>, rules: &Rules, out: &mut Plan) {
             skip(out, run.addr, run.end, SkipReason::TooSmall);
             continue;
         }
-        let take_end = run.boundary_within(run.addr, room).filter(|&end| end - run.addr >= min_region.max(1));
+        // An OS-locked run is bounded by the lock limit too; the smaller bound names the skip.
+        let locked = rules.locked(run.kind);
+        let lock_reach = lock_room.saturating_sub(LOCK_SLACK_BYTES);
+        let (reach, bound) = if locked && lock_reach < room { (lock_reach, SkipReason::LockLimit) } else { (room, SkipReason::OverBudget) };
+        let take_end = run.boundary_within(run.addr, reach).filter(|&end| end - run.addr >= min_region.max(1));
         let Some(take_end) = take_end else {
-            skip(out, run.addr, run.end, SkipReason::OverBudget);
+            skip(out, run.addr, run.end, bound);
             continue;
         };
         if take_end < run.end {
-            skip(out, take_end, run.end, SkipReason::OverBudget);
+            skip(out, take_end, run.end, bound);
         }
         room -= take_end - run.addr;
+        let regions_before = out.regions.len();
         // Sources are in address order: each region takes the next ones that end inside it.
         let mut next_source = 0;
         let mut start = run.addr;
@@ -406,8 +437,16 @@ fn fill(ranges: &[HostRange], runs: Vec<Run>, rules: &Rules, out: &mut Plan) {
             out.planned_bytes += stop - start;
             start = stop;
         }
+        if locked {
+            let regions = (out.regions.len() - regions_before) as u64;
+            lock_room = lock_room.saturating_sub(take_end - run.addr + regions * LOCK_SLACK_BYTES);
+        }
     }
 }
+
+/// What one locked region may cost beyond its bytes: the OS locks whole pages, and a region's
+/// first and last page may hold memory outside it (two pages of the largest common size).
+const LOCK_SLACK_BYTES: u64 = 2 * 4096;
 
 #[cfg(test)]
 mod tests {
@@ -421,14 +460,14 @@ mod tests {
     }
 
     fn rules(room: u64) -> Rules {
-        Rules { room_bytes: room, max_region_bytes: 64 * MIB, min_region_bytes: 64 << 10, read_only_ok: false, max_read_only_region_bytes: 4 * MIB }
+        Rules { room_bytes: room, max_region_bytes: 64 * MIB, min_region_bytes: 64 << 10, read_only_ok: false, max_read_only_region_bytes: 4 * MIB, lock_room_bytes: u64::MAX, lock_all_kinds: true }
     }
 
     /// Found by the fuzz run: splitting a run at its largest region left a 4 KiB tail, one
     /// registration smaller than the smallest allowed. A short tail joins the piece before it.
     #[test]
     fn a_short_tail_joins_the_region_before_it() {
-        let rules = Rules { room_bytes: 1_404_928, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok: false, max_read_only_region_bytes: 1 << 18 };
+        let rules = Rules { room_bytes: 1_404_928, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok: false, max_read_only_region_bytes: 1 << 18, lock_room_bytes: u64::MAX, lock_all_kinds: true };
         let ranges = [range(0x1000_0000, 1_400_832, 0, 0), range(0x1000_0000 + 1_400_832, 4096, 0, 0)];
         let plan = plan(&ranges, &[], &rules);
         assert_eq!(plan.regions.len(), 1);
@@ -438,7 +477,7 @@ mod tests {
     /// ... and a short storage before a large one is not cut off into a registration of its own.
     #[test]
     fn a_short_head_joins_the_region_after_it() {
-        let rules = Rules { room_bytes: 64 * MIB, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok: false, max_read_only_region_bytes: 1 << 18 };
+        let rules = Rules { room_bytes: 64 * MIB, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok: false, max_read_only_region_bytes: 1 << 18, lock_room_bytes: u64::MAX, lock_all_kinds: true };
         let ranges = [range(0x1000_0000, 4096, 0, 0), range(0x1000_1000, 2 << 20, 0, 0), range(0x1020_1000, 1 << 20, 0, 0)];
         let plan = plan(&ranges, &[], &rules);
         let pieces: Vec<(u64, u64)> = plan.regions.iter().map(|r| (r.addr, r.len)).collect();
@@ -614,11 +653,43 @@ mod tests {
         })
     }
 
+    #[test]
+    fn the_lock_limit_bounds_locked_memory_and_is_named() {
+        // Three 1 MiB storages of anonymous memory and two of read-only file pages; 1.5 MiB of
+        // lock room: one storage fits, the next would cross the limit.
+        let mut input: Vec<HostRange> = (0..3).map(|i| range(i * MIB, MIB, 1, 0)).collect();
+        for i in 0..2 {
+            let mut ro = range(64 * MIB + i * MIB, MIB, 1, 0);
+            ro.kind = MemoryKind::ReadOnly;
+            input.push(ro);
+        }
+        let with_lock = |lock_all_kinds| Rules { read_only_ok: true, lock_room_bytes: 3 * MIB / 2, lock_all_kinds, ..rules(u64::MAX) };
+        // The OS lock takes everything: 1 MiB planned, the rest skipped for the lock limit.
+        let all = plan(&input, &[], &with_lock(true));
+        assert_eq!(all.planned_bytes, MIB);
+        assert!(all.skipped.iter().all(|s| s.reason == SkipReason::LockLimit), "{:?}", all.skipped);
+        // CUDA takes the anonymous memory (not counted), the lock only the read-only pages.
+        let cuda = plan(&input, &[], &with_lock(false));
+        let locked: u64 = cuda.regions.iter().filter(|r| r.kind == MemoryKind::ReadOnly).map(|r| r.len).sum();
+        assert_eq!((cuda.planned_bytes - locked, locked), (3 * MIB, MIB));
+        // A budget smaller than the lock room names the budget.
+        let budget = plan(&input, &[], &Rules { room_bytes: MIB / 2, ..with_lock(true) });
+        assert!(budget.skipped.iter().all(|s| s.reason == SkipReason::OverBudget), "{:?}", budget.skipped);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(crate::fuzz_cases()))]
         #[test]
+        fn plan_keeps_locked_bytes_within_the_lock_limit((ranges, pinned, room) in arb_input(), lock_room in 0u64..(1 << 22), lock_all_kinds in any::<bool>()) {
+            let rules = Rules { lock_room_bytes: lock_room, lock_all_kinds, ..Rules::with_room(room) };
+            let plan = plan(&ranges, &pinned, &rules);
+            let locked: u64 = plan.regions.iter().filter(|r| rules.locked(r.kind)).map(|r| r.len).sum();
+            prop_assert!(locked <= lock_room && plan.planned_bytes <= room);
+        }
+
+        #[test]
         fn plan_invariants((ranges, pinned, room) in arb_input(), read_only_ok in any::<bool>()) {
-            let rules = Rules { room_bytes: room, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok, max_read_only_region_bytes: 1 << 18 };
+            let rules = Rules { room_bytes: room, max_region_bytes: 1 << 20, min_region_bytes: 8192, read_only_ok, max_read_only_region_bytes: 1 << 18, lock_room_bytes: u64::MAX, lock_all_kinds: true };
             let plan = plan(&ranges, &pinned, &rules);
             // Total within budget, and adds up.
             prop_assert!(plan.planned_bytes <= room);
@@ -681,7 +752,7 @@ mod tests {
 
         #[test]
         fn a_model_fills_the_room_up_to_one_storage(model in arb_model(), room_pages in 0u64..3000) {
-            let rules = Rules { room_bytes: room_pages * 4096, max_region_bytes: 1 << 20, min_region_bytes: 4096, read_only_ok: false, max_read_only_region_bytes: 1 << 18 };
+            let rules = Rules { room_bytes: room_pages * 4096, max_region_bytes: 1 << 20, min_region_bytes: 4096, read_only_ok: false, max_read_only_region_bytes: 1 << 18, lock_room_bytes: u64::MAX, lock_all_kinds: true };
             let plan = plan(&model, &[], &rules);
             let total: u64 = model.iter().map(|r| r.len).sum();
             if rules.room_bytes >= total {

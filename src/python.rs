@@ -206,10 +206,11 @@ impl FileView {
     }
 }
 
-/// Maps `[offset, offset+length)` of the open file `fd` shared and read-only (offset a
-/// multiple of the page size). ValueError when the file is shorter (replaced or truncated).
+/// Maps `[offset, offset+length)` of the open file `fd` (a file descriptor on Unix, a file
+/// HANDLE on Windows) read-only, sharing the file's cached pages (offset a multiple of the page
+/// size). ValueError when the file is shorter (replaced or truncated).
 #[pyfunction]
-fn map_file(py: Python<'_>, fd: i32, offset: u64, length: u64) -> PyResult<FileView> {
+fn map_file(py: Python<'_>, fd: i64, offset: u64, length: u64) -> PyResult<FileView> {
     guarded(py, || file_view::FileView::open(fd, offset, length)).map(|view| FileView { view })
 }
 
@@ -224,8 +225,13 @@ fn resident_bytes(py: Python<'_>, addr: &Bound<'_, PyAny>, length: &Bound<'_, Py
 /// What others in this process hold pinned now (ComfyUI's total), for the budget between
 /// reconciles.
 #[pyfunction]
-fn note_foreign_pins(bytes: u64) {
-    engine().note_foreign_pins(bytes);
+fn note_foreign_pins(py: Python<'_>, bytes: u64) -> PyResult<()> {
+    // The GIL is let go while it waits for the engine's lock: a status or a pin on another
+    // thread must not stop every Python thread.
+    guarded(py, || {
+        engine().note_foreign_pins(bytes);
+        Ok(())
+    })
 }
 
 /// The memory snapshot and the budget now, as JSON {"memory": ..., "budget": ...}: what the

@@ -82,6 +82,9 @@ pub struct Status {
     pub owners: Vec<OwnerStatus>,
     pub cuda: CudaStatus,
     pub os_lock_available: bool,
+    /// What this process may lock with the OS lock (RLIMIT_MEMLOCK without CAP_IPC_LOCK);
+    /// None: no limit. CUDA registrations do not count against it.
+    pub os_lock_limit_bytes: Option<u64>,
     pub paging: Paging,
     pub counters: Counters,
     pub release_failures: u64,

@@ -9,8 +9,9 @@ No pytest in here, so scripts and benchmarks can use it too:
         print(srv.output_files(entry))
 
 Two ComfyUI installs, each a tree and the Python that runs it (COMFY_INSTALLS):
-    "0.3.75"  .comfy/ComfyUI       run by .venv/bin/python (3.11)       the default
-    "0.33"    .comfy/ComfyUI-0.33  run by .comfy/venv-0.33/bin/python (3.12)
+    "0.3.75"  .comfy/ComfyUI                     run by .venv/bin/python (3.11)    the default
+    "0.33"    the hosts folder's ComfyUI-0.33.0  run by .comfy/venv-0.33/bin/python (3.12)
+(tests/hosts.py says where the hosts folder is: outside the repository.)
 `comfy_unavailable(version)` says why one is not there (None when it is); in-process scripts
 (bench/comfy_*.py) get the tree and the interpreter from `comfy_install(version)`.
 
@@ -32,6 +33,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from hosts import COMFY033_TREE, HOW_TO_GET, UNAVAILABLE_FILES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMFY_DIR = REPO_ROOT / ".comfy" / "ComfyUI"                # ComfyUI 0.3.75 (the default)
@@ -74,9 +77,9 @@ class ComfyInstall:
 DEFAULT_COMFY = "0.3.75"
 COMFY_INSTALLS = {
     "0.3.75": ComfyInstall("0.3.75", COMFY_DIR, VENV_PYTHON, "scripts/setup_env.sh"),
-    "0.33": ComfyInstall("0.33", REPO_ROOT / ".comfy" / "ComfyUI-0.33", REPO_ROOT / ".comfy" / "venv-0.33" / "bin" / "python",
-                         "scripts/setup_env.sh (or: scripts/setup_env.sh comfy033)",
-                         unavailable_file=REPO_ROOT / ".comfy" / "ComfyUI-0.33.unavailable"),
+    "0.33": ComfyInstall("0.33", COMFY033_TREE, REPO_ROOT / ".comfy" / "venv-0.33" / "bin" / "python",
+                         f"scripts/setup_env.sh comfy033 once the tree is there ({HOW_TO_GET})",
+                         unavailable_file=UNAVAILABLE_FILES["0.33"]),
 }
 
 
@@ -399,6 +402,16 @@ def txt2img_prompt(ckpt_name=CKPT_NAME, seed=0, steps=1, size=64, prefix="txt2im
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
         "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": prefix}},
     }
+
+
+PIN_DEFAULTS = {"budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0, "pinned_home": True}
+
+
+def pin_node(kind: str, source: list, **overrides) -> dict:
+    """An API-graph Viking Pin node (kind "Model", "CLIP" or "VAE") on `source` ([node id,
+    output]) with the nodes' default inputs, `overrides` on top."""
+    extra = {"vram_cap_gib": 0.0} if kind == "Model" else {}
+    return {"class_type": f"VikingPin{kind}", "inputs": {kind.lower(): source, **PIN_DEFAULTS, **extra, **overrides}}
 
 
 # UI-only node types: they never reach the server.

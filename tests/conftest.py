@@ -54,3 +54,73 @@ def run_checks(install, script, *args, expected: int, env=None) -> dict:
     assert not failed and run.returncode == 0, (failed, run.stderr[-2000:])
     assert len(checks) == expected, checks
     return checks
+
+
+# ---- test hosts: which tests ran on which, and skips that name what is missing ------------------
+# A test runs on a host through the `comfy_version` fixture (or a `version` parameter) or by
+# its mark `@pytest.mark.host("0.3.75" | "0.33" | "gguf", ...)`; a marked test whose host is
+# missing skips with the reason (tests/hosts.py says where each host is and how to get it).
+from hosts import HOST_NAMES, gguf_unavailable  # noqa: E402
+
+_host_results: dict = {}   # nodeid -> (hosts, "passed" | "failed" | "skipped")
+
+
+def host_unavailable(host):
+    return gguf_unavailable() if host == "gguf" else comfy_unavailable(host)
+
+
+def hosts_of(item) -> set:
+    hosts = set()
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for key in ("comfy_version", "version"):
+        if params.get(key) in HOST_NAMES:
+            hosts.add(params[key])
+    for mark in item.iter_markers("host"):
+        hosts.update(mark.args)
+    return hosts
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "host(*names): the test runs on these test hosts (tests/hosts.py HOST_NAMES); "
+                                       "it skips with the reason when one is missing")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        hosts = hosts_of(item)
+        if hosts:
+            _host_results[item.nodeid] = (hosts, None)
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("host"):
+        for host in mark.args:
+            why = host_unavailable(host)
+            if why:
+                pytest.skip(why)
+
+
+def pytest_runtest_logreport(report):
+    if report.nodeid not in _host_results:
+        return
+    hosts, outcome = _host_results[report.nodeid]
+    if report.skipped:
+        outcome = "skipped"
+    elif report.failed:
+        outcome = "failed"
+    elif report.when == "call" and outcome is None:
+        outcome = "passed"
+    _host_results[report.nodeid] = (hosts, outcome)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per host: how many tests ran on it and how many skipped, so that a green run that
+    touched none of ComfyUI 0.33's tests says so plainly (and why)."""
+    terminalreporter.section("tests per test host")
+    for host, name in HOST_NAMES.items():
+        outcomes = [outcome for hosts, outcome in _host_results.values() if host in hosts and outcome]
+        ran = sum(o in ("passed", "failed") for o in outcomes)
+        failed, skipped = outcomes.count("failed"), outcomes.count("skipped")
+        why = host_unavailable(host)
+        terminalreporter.write_line(f"host {name}: {ran} ran ({failed} failed), {skipped} skipped"
+                                    + (f"; missing: {why}" if why else ""))

@@ -183,6 +183,35 @@ checks["truncated file: no ranges, no view"] = short_ranges == [] and not short_
 checks["truncated file: a note that says what happened"] = any("replaced or truncated" in n for n in short_record.notes)
 lifecycle.forget(short_record.owner)
 
+# --- a platform whose build has no file views (as the Windows build answered before it had them),
+# or an OS error from mmap / fstat: no residency, said once; every event still completes ------------
+class NoFileViews:
+    """The native module, answering map_file as a build without file views does."""
+    def __getattr__(self, name):
+        return getattr(native, name)
+
+    def map_file(self, *_args):
+        raise native.BackendUnavailableError("the file view backend is unavailable: file views are implemented for Unix only")
+
+
+noview = mapped_model(checkpoint("no_views.safetensors"))
+lifecycle.attach(noview, lifecycle.PinSettings(label="no views", backend="os-lock", headroom_gib=0.0))
+noview_record = lifecycle.record_of(noview)
+lifecycle._on_pre_run(noview)
+real_native, dynamic.native = dynamic.native, NoFileViews()
+try:
+    # What each dynamic-mode event asks (lifecycle.reconcile, then dynamic.after_event): before,
+    # the first raise aborted the event's reconcile and after_event, at every event.
+    noview_ranges = [dynamic.file_ranges(noview, noview_record) for _ in range(3)]
+finally:
+    dynamic.native = real_native
+noview_notes = [n for n in noview_record.notes if "no residency" in n]
+checks["no file views: each event's residency step completes, with no ranges and no view"] = (
+    noview_ranges == [[], [], []] and not noview_record.file_views)
+checks["no file views: the reason is noted once, not at every event"] = (
+    len(noview_notes) == 1 and "file views are implemented for Unix only" in noview_notes[0])
+lifecycle.forget(noview_record.owner)
+
 # --- a budget smaller than one module ----------------------------------------------------------
 # The planner registers a weight's pages whole or not at all: with a 1 MiB limit and 8 MiB
 # weights nothing is pinned, and the node's text says which limit left them out.

@@ -193,21 +193,100 @@ def _fill(name, shape, kind, seed):
     return x.astype(np.float16)
 
 
-def make_checkpoint(path, seed=0, vae="kl"):
+# Quantized layouts of the UNet's linear weights, as downloaded files store them (ComfyUI
+# quantizes Linear layers only): "scaled_fp8" is the legacy layout (float8_e4m3fn weights, a
+# per-tensor `scale_weight`, a `<prefix>scaled_fp8` marker) that ComfyUI 0.33 turns into
+# comfy_quant metadata; "fp8" and "int8" carry that metadata themselves (a per-layer
+# `comfy_quant` JSON tensor and a `weight_scale`), the layouts of comfy-kitchen.
+QUANTS = (None, "scaled_fp8", "fp8", "int8")
+
+
+def _quantize(name, x, quant):
+    """{key: torch tensor} for one UNet linear weight `x` (float32 numpy) in layout `quant`."""
+    import json
+
+    import torch
+
+    layer = name[:-len(".weight")]
+    w = torch.from_numpy(x)
+    if quant == "int8":
+        scale = w.abs().max() / 127.0
+        q = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+        conf = {"format": "int8_tensorwise"}
+    else:
+        scale = w.abs().max() / 448.0
+        q = (w / scale).to(torch.float8_e4m3fn)
+        conf = {"format": "float8_e4m3fn"}
+    scale = scale.reshape(()).to(torch.float32)
+    if quant == "scaled_fp8":  # with the input scale of 1 such files carry (no input scaling)
+        return {name: q, layer + ".scale_weight": scale, layer + ".scale_input": torch.ones((), dtype=torch.float32)}
+    return {name: q, layer + ".weight_scale": scale,
+            layer + ".comfy_quant": torch.tensor(list(json.dumps(conf).encode()), dtype=torch.uint8)}
+
+
+def make_checkpoint(path, seed=0, vae="kl", quant=None):
     """Write the synthetic SD1.5 checkpoint to `path` (fp16 safetensors). Returns the path.
 
-    Deterministic: the same (seed, vae) gives the same bytes. vae: "kl" (default SD VAE) or "taesd".
+    Deterministic: the same (seed, vae, quant) gives the same bytes. vae: "kl" (default SD VAE)
+    or "taesd"; quant: one of QUANTS (the UNet's linear weights quantized, the rest fp16).
     """
-    from safetensors.numpy import save_file
-
     if vae not in ("kl", "taesd"):
         raise ValueError(f"vae must be 'kl' or 'taesd', not {vae!r}")
-    tensors = {name: _fill(name, shape, kind, seed) for name, shape, kind in checkpoint_tensors(vae)}
-    assert len(tensors) == sum(1 for _ in checkpoint_tensors(vae)), "duplicate tensor name"
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {QUANTS}, not {quant!r}")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    save_file(tensors, tmp)  # header lists tensors in a fixed order: byte-identical output
+    if quant is None:
+        from safetensors.numpy import save_file
+
+        tensors = {name: _fill(name, shape, kind, seed) for name, shape, kind in checkpoint_tensors(vae)}
+        assert len(tensors) == sum(1 for _ in checkpoint_tensors(vae)), "duplicate tensor name"
+        save_file(tensors, tmp)  # header lists tensors in a fixed order: byte-identical output
+    else:
+        import torch
+        from safetensors.torch import save_file
+
+        tensors = {}
+        unet = {name for name, _, _ in unet_tensors()}
+        for name, shape, kind in checkpoint_tensors(vae):
+            x = _fill(name, shape, kind, seed)
+            if name in unet and kind == W and len(shape) == 2:
+                tensors.update(_quantize(name, x.astype(np.float32), quant))
+            else:
+                tensors[name] = torch.from_numpy(x)
+        if quant == "scaled_fp8":
+            tensors["model.diffusion_model.scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+        save_file(tensors, tmp)
     os.replace(tmp, path)    # never leave a half-written checkpoint behind
+    return path
+
+
+def make_gguf(path, seed=0):
+    """The synthetic UNet as a GGUF file the way ComfyUI-GGUF's UnetLoaderGGUF reads it
+    (architecture "sd1", keys without the "model.diffusion_model." prefix): linear weights in
+    Q8_0 blocks, convolutions in F16, the rest F32. Deterministic. Returns the path."""
+    import gguf
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    writer = gguf.GGUFWriter(tmp, "sd1")
+    prefix = "model.diffusion_model."
+    for name, shape, kind in unet_tensors():
+        x = _fill(name, shape, kind, seed).astype(np.float32)
+        key = name[len(prefix):]
+        if kind == W and len(shape) == 2:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            data = gguf.quants.quantize(x, q8)
+            writer.add_tensor(key, data, raw_shape=data.shape, raw_dtype=q8)
+        elif len(shape) == 4:
+            writer.add_tensor(key, x.astype(np.float16))
+        else:
+            writer.add_tensor(key, x)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, path)
     return path
 
 
@@ -272,10 +351,11 @@ if __name__ == "__main__":
     ap.add_argument("path")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vae", choices=("kl", "taesd"), default="kl")
+    ap.add_argument("--quant", choices=[q for q in QUANTS if q], default=None)
     ap.add_argument("--check", metavar="COMFY_DIR", help="load and sample it in-process with this ComfyUI")
     a = ap.parse_args()
     t0 = time.time()
-    make_checkpoint(a.path, a.seed, a.vae)
+    make_checkpoint(a.path, a.seed, a.vae, a.quant)
     print(f"wrote {a.path}: {os.path.getsize(a.path) / 1e6:.1f} MB in {time.time() - t0:.1f} s")
     if a.check:
         check_in_comfy(a.path, a.check)

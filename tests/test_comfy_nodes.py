@@ -66,18 +66,23 @@ def server(comfy_version, checkpoint, tmp_path_factory):
 def test_object_info_lists_every_node_with_its_inputs(server):
     for node_id in NODE_IDS:
         info = server.get(f"/object_info/{node_id}")[node_id]
-        assert info["category"] == "Viking"
+        assert info["category"] == "memory/Viking Engine"
         assert info["display_name"].startswith("Viking")
     pin = server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["required"]
     assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "pinned_home", "vram_cap_gib"]
     assert list(server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["optional"]) == ["prefetch", "file_residency"]
     assert pin["backend"][1]["options"] == ["auto", "cuda", "os-lock"]
     assert pin["budget_gib"][1]["min"] == 0.0
+    info = server.get("/object_info/VikingPinModel")["VikingPinModel"]
+    if server.version == "0.33":  # its comfy_api takes aliases and advanced flags; 0.3.75 has neither
+        assert {"swap", "pagefile", "offload"} <= set(info["search_aliases"]), info
+        assert pin["headroom_gib"][1].get("advanced") is True and not pin["budget_gib"][1].get("advanced"), pin
     assert all(server.get(f"/object_info/{node_id}")[node_id]["output_node"] for node_id in PIN_IDS)
     unpin = server.get("/object_info/VikingUnpin")["VikingUnpin"]["input"]["optional"]
     assert set(unpin) == {"model", "clip", "vae", "everything"}
     templates = server.get("/workflow_templates")
-    assert sorted(templates["viking_engine"]) == ["viking_lowvram", "viking_pin_checkpoint", "viking_two_models"]
+    assert sorted(templates["viking_engine"]) == ["viking_flux", "viking_lowvram", "viking_pin_checkpoint", "viking_sdxl",
+                                                  "viking_two_models", "viking_wan22_two_experts"]
     assert "Viking Engine" not in server.log_text() or "Cannot import" not in server.log_text()
 
 
@@ -100,6 +105,7 @@ def test_example_workflow_pins_samples_and_is_bit_identical(server, comfy_versio
     # The kernel agrees: the server process holds at least that much locked memory.
     assert locked_bytes(server.pid) - before >= state["pinned_bytes"]
     assert f"{state['pinned_bytes'] / 2**20:.1f} MiB pinned" in state["text"]
+    assert state["text"].splitlines()[0].endswith("in RAM is page-locked: safe from swap."), state["text"]
 
     # Same seed without Viking, in a fresh server with no custom node: the same pixels.
     pinned_image = pixels(server, entry)
@@ -186,6 +192,20 @@ def test_two_pin_nodes_on_one_model_share_the_pins(server):
     assert after["pinned_bytes"] == before["pinned_bytes"]
     model = next(o for o in after["owners"] if o["label"].startswith("MODEL"))
     assert model["priority"] == 3
+
+
+def test_a_node_left_at_headroom_0_keeps_another_nodes_headroom(server):
+    """headroom_gib is shared: the Pin Model asks for 3 GiB, the Pin CLIP after it is left at 0
+    (auto): the budget keeps 3 GiB (before, the last node run put it back to auto)."""
+    api = api_prompt_from_ui_workflow(workflow("viking_pin_checkpoint"), server.object_info())
+    model_pin = next(k for k, v in api.items() if v["class_type"] == "VikingPinModel")
+    clip_pin = next(k for k, v in api.items() if v["class_type"] == "VikingPinCLIP")
+    api[model_pin]["inputs"]["headroom_gib"] = 3.0
+    server.run_prompt(api)
+    assert status(server)["budget"]["headroom_bytes"] == 3 << 30
+    api[clip_pin]["inputs"]["priority"] = 2  # only the Pin CLIP runs again, its headroom_gib at 0
+    server.run_prompt(api)
+    assert status(server)["budget"]["headroom_bytes"] == 3 << 30
 
 
 def test_the_node_text_names_the_limit_that_left_weights_unpinned(server):
@@ -331,7 +351,7 @@ def test_v1_fallback_for_older_comfyui(comfy_version, checkpoint, tmp_path):
     with ComfyServer(base, version=comfy_version, env={"VIKING_FORCE_V1_NODES": "1"}) as server:
         assert "Viking Engine" not in server.log_text() or "Cannot import" not in server.log_text()
         for node_id in NODE_IDS:
-            assert server.get(f"/object_info/{node_id}")[node_id]["category"] == "Viking"
+            assert server.get(f"/object_info/{node_id}")[node_id]["category"] == "memory/Viking Engine"
         pin = server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["required"]
         assert list(pin) == ["model", "budget_gib", "headroom_gib", "backend", "priority", "pinned_home", "vram_cap_gib"]
         assert list(server.get("/object_info/VikingPinModel")["VikingPinModel"]["input"]["optional"]) == ["prefetch", "file_residency"]

@@ -32,7 +32,7 @@ def server(comfy_version, tmp_path_factory):
 def test_server_is_that_version_with_the_nodes(server, comfy_version):
     assert server.get("/system_stats")["system"]["comfyui_version"].startswith(comfy_version)
     info = server.get("/object_info/VikingPinModel")["VikingPinModel"]
-    assert info["category"] == "Viking", info
+    assert info["category"] == "memory/Viking Engine", info
     assert "Cannot import" not in server.log_text(), server.log_tail()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import memory_cgroup
-from comfy_server import comfy_install, comfy_unavailable
+from comfy_server import comfy_install
 
 GIB = 1 << 30
 LIMIT = 3 * GIB
@@ -88,15 +88,13 @@ def test_pins_within_the_limit_of_its_own_cgroup(limited_cgroup, tmp_path):
     assert any("memory pressure: released" in e for e in after_growth["events"]), after_growth["events"]
 
 
+@pytest.mark.host("0.33")
 def test_dynamic_residency_keeps_the_model_in_ram_under_the_container_limit():
     """ComfyUI 0.33's dynamic VRAM mode in a 2 GiB container (bench/container_residency.py, small):
     the model's weights in aimdo's mapping of its checkpoint, then another 2 GiB file read twice
     inside the container. Alone, the kernel reclaims the model's pages at the limit and the next
     run reads them from disk; with Viking's Pin Model (node defaults) they stay locked, the
     budget follows the limit, nothing is released for pressure, outputs are bit-identical."""
-    reason = comfy_unavailable("0.33")
-    if reason:
-        pytest.skip(reason)
     install = comfy_install("0.33")
     result_path = Path(__file__).resolve().parent.parent / ".comfy" / "container_residency_test.json"
     run = subprocess.run([str(install.python), "bench/container_residency.py", str(install.tree), str(result_path), "--reps", "1",

@@ -4,12 +4,10 @@ staging and timings) is bench/gpu_dynamic.py on the GPU machine."""
 
 import pytest
 
-from comfy_server import comfy_install, comfy_unavailable
+from comfy_server import comfy_install
 from conftest import run_checks
 
 
+@pytest.mark.host("0.33")
 def test_dynamic_mode_parts_without_a_gpu(tmp_path):
-    reason = comfy_unavailable("0.33")
-    if reason:
-        pytest.skip(reason)
-    run_checks(comfy_install("0.33"), "dynamic_check.py", tmp_path, expected=38)
+    run_checks(comfy_install("0.33"), "dynamic_check.py", tmp_path, expected=40)

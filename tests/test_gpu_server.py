@@ -50,3 +50,53 @@ def test_real_server_dynamic_vram_on_gpu(comfy_env, tmp_path):
     if comfy_env.version == "0.3.75":
         pytest.skip("ComfyUI 0.3.75 has no dynamic VRAM mode")
     run_server_bench(comfy_env, tmp_path, f"gpu_server_{comfy_env.version.replace('.', '_')}_dynamic.json", "--dynamic")
+
+
+def gpu_memory_used_mib() -> int:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def test_cpu_flag_beside_a_gpu_pins_with_the_os_lock_and_makes_no_cuda_context(comfy_version, tmp_path):
+    """ComfyUI started with --cpu on a machine with a GPU: the Pin nodes' `auto` is the OS lock
+    (ComfyUI computes on the CPU), no CUDA context appears on the GPU (a context alone takes
+    hundreds of MiB there), and the status says CUDA was not opened."""
+    from comfy_server import ComfyServer, api_prompt_from_ui_workflow, cached_checkpoint, prepare_base_dir
+
+    base = prepare_base_dir(tmp_path / "base", checkpoint=cached_checkpoint(), custom_nodes={"viking_engine": REPO_ROOT})
+    (base / "frontend").mkdir(exist_ok=True)  # the API is all this needs: no UI package on the GPU machine
+    before = gpu_memory_used_mib()
+    with ComfyServer(base, ["--front-end-root", str(base / "frontend")], version=comfy_version) as server:  # --cpu
+        ui = json.loads((REPO_ROOT / "workflows" / "viking_pin_checkpoint.json").read_text())
+        server.run_prompt(api_prompt_from_ui_workflow(ui, server.object_info()))
+        status = server.get("/viking/status?probe_cuda=1")
+        grew = gpu_memory_used_mib() - before
+        backends = {name for owner in status["owners"] for name in owner["by_backend"]}
+        print(f"\n--cpu beside a GPU, ComfyUI {comfy_version}: backends {backends}, GPU memory +{grew} MiB, "
+              f"cuda status {status['cuda']}")
+        out = results_dir(tmp_path) / f"gpu_cpu_flag_{comfy_version.replace('.', '_')}.json"
+        out.write_text(json.dumps({"bench": "cpu_flag_beside_gpu", "comfy": comfy_version, "backends": sorted(backends),
+                                   "gpu_memory_grew_mib": grew, "cuda": status["cuda"],
+                                   "pinned_bytes": status["pinned_bytes"]}, indent=1))
+        assert backends == {"os-lock"} and status["pinned_bytes"] > 300e6, status["owners"]
+        assert not status["cuda"]["available"], status["cuda"]
+        assert grew < 200, f"GPU memory grew by {grew} MiB: a CUDA context was made"
+
+
+def test_cuda_pins_ignore_the_lock_limit_that_the_os_lock_keeps(tmp_path):
+    """As a process without CAP_IPC_LOCK and an 8 MiB `ulimit -l` (a user, a default container):
+    CUDA registers all of 256 MiB, the OS lock stays within the limit and names it
+    (bench/probes/memlock_cuda.py)."""
+    import shutil
+    import sys
+
+    if not (shutil.which("setpriv") and shutil.which("prlimit")):
+        pytest.skip("needs setpriv and prlimit (util-linux) to drop CAP_IPC_LOCK and set the limit")
+    out = results_dir(tmp_path) / "gpu_memlock.json"
+    run = subprocess.run(["prlimit", "--memlock=8388608:8388608", "setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock",
+                          sys.executable, str(REPO_ROOT / "bench" / "probes" / "memlock_cuda.py"), str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.exists(), run.stdout[-2000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["ok"], [c["what"] for c in result["checks"] if not c["ok"]]

@@ -15,7 +15,7 @@ import subprocess
 import numpy as np
 from PIL import Image
 
-from comfy_server import REPO_ROOT, ComfyServer, cached_lora, prepare_base_dir, txt2img_prompt
+from comfy_server import REPO_ROOT, ComfyServer, cached_lora, pin_node, prepare_base_dir, txt2img_prompt
 
 LORA = "synthetic_lora.safetensors"
 
@@ -41,9 +41,7 @@ def stage_graph(seed, lora, viking: bool):
     api = txt2img_prompt(seed=seed, prefix=f"s{seed}")
     model = ["4", 0]
     if viking:
-        api["20"] = {"class_type": "VikingPinModel", "inputs": {
-            "model": model, "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto", "priority": 0,
-            "pinned_home": True, "vram_cap_gib": 0.0}}
+        api["20"] = pin_node("Model", model)
         model = ["20", 0]
     if lora == "hook":
         api["11"] = {"class_type": "CreateHookLora", "inputs": {"lora_name": LORA, "strength_model": 1.0, "strength_clip": 0.0}}

@@ -69,6 +69,8 @@ def test_panel_shows_the_pinned_model_in_a_real_browser(server, tmp_path):
             request(server, "POST", "/settings/Comfy.TutorialCompleted", True)
             page.goto(server.url)
             page.wait_for_selector("#viking-panel .viking-title", timeout=60_000)
+            # Nothing pinned yet: the panel says what to do.
+            page.wait_for_selector("#viking-panel .viking-hint", timeout=30_000)
             # Run the example workflow the way a user does: load it into the graph, queue it.
             page.wait_for_function("window.app && window.app.graph", timeout=60_000)
             page.evaluate("wf => window.app.loadGraphData(wf)", workflow)
@@ -81,6 +83,8 @@ def test_panel_shows_the_pinned_model_in_a_real_browser(server, tmp_path):
                 timeout=120_000)
             panel_text = page.inner_text("#viking-panel")
             assert "Budget" in panel_text and "RAM" in panel_text and "Swap" in panel_text
+            # The verdict first (the status text's first line).
+            assert "page-locked: safe from swap" in page.inner_text("#viking-panel .viking-title"), panel_text
             labels = page.eval_on_selector_all("#viking-panel .viking-owner", "rows => rows.map(r => r.dataset.label)")
             assert {label.split()[0] for label in labels} == {"MODEL", "CLIP", "VAE"}
             page.wait_for_timeout(500)
@@ -88,6 +92,18 @@ def test_panel_shows_the_pinned_model_in_a_real_browser(server, tmp_path):
             shot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(shot))
             assert shot.stat().st_size > 10_000
+
+            # A click on the first line folds the panel to it, another unfolds it.
+            page.click("#viking-panel .viking-title")
+            page.wait_for_function("() => document.getElementById('viking-panel').dataset.folded === '1'", timeout=10_000)
+            assert page.eval_on_selector_all("#viking-panel .viking-owner", "rows => rows.length") == 0
+            page.click("#viking-panel .viking-title")
+            page.wait_for_selector("#viking-panel .viking-owner", timeout=10_000)
+            # The settings dialog's switch hides and shows it.
+            page.evaluate("() => window.app.extensionManager.setting.set('Viking.ShowPanel', false)")
+            page.wait_for_function("() => document.getElementById('viking-panel').style.display === 'none'", timeout=10_000)
+            page.evaluate("() => window.app.extensionManager.setting.set('Viking.ShowPanel', true)")
+            page.wait_for_function("() => document.getElementById('viking-panel').style.display === ''", timeout=10_000)
 
             # The engine-mode switch of the settings dialog reaches the server, both ways.
             assert request(server, "GET", "/viking/engine")[1] == {"engine_mode": False}

@@ -1,6 +1,9 @@
-// Viking Engine's live memory panel: RAM, swap (and its rate), what is pinned per model and
-// backend, the budget and what bounds it, and VRAM. Polls GET /viking/status: every second
-// while a prompt runs, every five seconds otherwise, never while the tab is hidden.
+// Viking Engine's live memory panel: the status's verdict first (how much of the models' RAM is
+// safe from swap, what limits the rest), then RAM, swap (and its rate), what is pinned per model
+// and backend, the budget and what bounds it, and VRAM. Polls GET /viking/status: every second
+// while a prompt runs, every five seconds otherwise, never while the tab is hidden. A click on
+// its first line folds it to that line (remembered in this browser); Settings > Viking Engine >
+// Panel hides it.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
@@ -23,30 +26,62 @@ function row(panel, className, text) {
   return line;
 }
 
+const FOLDED_KEY = "viking.panel.folded";
+
 app.registerExtension({
   name: "viking_engine.panel",
+  settings: [
+    {
+      id: "Viking.ShowPanel",
+      category: ["Viking Engine", "Panel", "Show the memory panel"],
+      name: "Show Viking's memory panel (bottom left of the canvas)",
+      type: "boolean",
+      defaultValue: true,
+      onChange: (shown) => {
+        const panel = document.getElementById("viking-panel");
+        if (panel) panel.style.display = shown === false ? "none" : "";
+      },
+    },
+  ],
   async setup() {
     const panel = document.createElement("div");
     panel.id = "viking-panel";
-    panel.title = "Viking Engine memory panel";
+    panel.title = "Viking Engine memory panel: click the first line to fold or unfold it";
     Object.assign(panel.style, {
       // Bottom left, beside the sidebar: newer frontends (1.49) put their minimap bottom right.
       position: "fixed", left: "64px", bottom: "12px", zIndex: 10000, maxWidth: "460px",
       background: "rgba(18, 22, 30, 0.92)", color: "#d8dee9", border: "1px solid #4c566a",
       borderRadius: "6px", padding: "6px 10px", font: "12px/1.45 monospace", whiteSpace: "pre-wrap",
-      pointerEvents: "none",
     });
+    if (app.extensionManager?.setting?.get?.("Viking.ShowPanel") === false) panel.style.display = "none";
     document.body.appendChild(panel);
+    let folded = localStorage.getItem(FOLDED_KEY) === "1";
+    let last = null; // the last status, to draw again when folded or unfolded
 
     let previous = null; // {time, in, out} for the swap rate
     let running = false;
     let timer = null;
 
     function render(status) {
+      last = status;
       panel.replaceChildren();
       const memory = status.memory;
       const paging = status.paging;
-      row(panel, "viking-title", `Viking Engine ${status.version}: ${human(status.pinned_bytes)} pinned`);
+      // The verdict (the status text's first line), and the fold switch.
+      const verdict = (status.text ?? "").split("\n")[0] || `Viking Engine: ${human(status.pinned_bytes)} pinned`;
+      const title = row(panel, "viking-title", `${folded ? "▸" : "▾"} ${verdict}`);
+      title.style.cursor = "pointer";
+      title.addEventListener("click", () => {
+        folded = !folded;
+        localStorage.setItem(FOLDED_KEY, folded ? "1" : "0");
+        render(last);
+      });
+      panel.dataset.folded = folded ? "1" : "0";
+      if (folded) return;
+      if (!status.owners.length) {
+        row(panel, "viking-hint", "Nothing pinned yet: put a Viking Pin Model after a loader, or switch on engine mode "
+          + "(Settings > Viking Engine).");
+      }
       // In a container the limit is the RAM there is (available is measured against it too).
       const ram = memory.container_limit ?? memory.total_ram;
       row(panel, "viking-ram", `RAM ${human(ram - memory.available_ram)} used, ${human(memory.available_ram)} available`
@@ -63,7 +98,9 @@ app.registerExtension({
         rate = `, in ${human(Math.max(0, inRate))}/s, out ${human(Math.max(0, outRate))}/s`;
       }
       previous = { time: now, in: paging.swapped_in_since_start ?? 0, out: paging.swapped_out_since_start ?? 0 };
-      row(panel, "viking-swap", `Swap ${human(paging.swap_used)} of ${human(paging.swap_total)}${rate}`);
+      // Windows reports its pagefile where Linux has swap (it also reports a commit charge).
+      const swapName = paging.commit_limit ? "Pagefile" : "Swap";
+      row(panel, "viking-swap", `${swapName} ${human(paging.swap_used)} of ${human(paging.swap_total)}${rate}`);
       for (const owner of status.owners) {
         const backends = Object.entries(owner.by_backend).map(([name, bytes]) => `${name} ${human(bytes)}`).join(", ") || "none";
         const swapped = owner.swapped_bytes ? `, ${human(owner.swapped_bytes)} swapped` : "";

@@ -1,10 +1,12 @@
-//! A shared, read-only view of part of a file (a checkpoint) that unmaps itself on drop.
+//! A read-only view of part of a file (a checkpoint) that unmaps itself on drop.
 //!
 //! Why: ComfyUI 0.33's dynamic VRAM mode maps checkpoints private and read-only and reads them
 //! with pread; registering such a private read-only mapping with CUDA hung for more than 90 s
-//! on an H200. A view of our own, MAP_SHARED, maps the same page-cache pages: locking it keeps
-//! the checkpoint's pages in RAM for every reader of the file, and a CUDA registration of it
-//! with READ_ONLY took 0.04 s for 2 GiB (bench/results/gpu_probe_file_mapping.json).
+//! on an H200. A view of our own maps the same page-cache pages (MAP_SHARED on Unix, a
+//! read-only file-mapping view on Windows): locking it keeps the checkpoint's pages in RAM for
+//! every reader of the file, and a CUDA registration of it with READ_ONLY took 0.04 s for
+//! 2 GiB (bench/results/gpu_probe_file_mapping.json). On Windows, which drops a file's cached
+//! pages after reads (comfy-aimdo issue 70), VirtualLock on the view keeps them.
 
 use crate::error::{Result, VikingError};
 use crate::sys::os;
@@ -13,13 +15,17 @@ use crate::sys::os;
 pub struct FileView {
     addr: u64,
     len: u64,
+    /// Where the OS mapped it (Windows maps from a 64 KiB boundary below `addr`) and the
+    /// mapping object to close (Windows; 0 on Unix).
+    base: u64,
+    mapping: u64,
 }
 
 impl FileView {
-    /// Maps `[offset, offset+len)` of the open file `fd`. `offset` must be a multiple of the page
-    /// size and the range must lie inside the file as it is now.
-    #[cfg(unix)]
-    pub fn open(fd: i32, offset: u64, len: u64) -> Result<FileView> {
+    /// Maps `[offset, offset+len)` of the open file `file` (a file descriptor on Unix, a file
+    /// HANDLE on Windows). `offset` must be a multiple of the page size and the range must lie
+    /// inside the file as it is now.
+    pub fn open(file: i64, offset: u64, len: u64) -> Result<FileView> {
         let page = os::page_size();
         if !offset.is_multiple_of(page) {
             return Err(VikingError::invalid(format!("offset {offset} is not a multiple of the page size ({page})")));
@@ -27,20 +33,14 @@ impl FileView {
         if len == 0 {
             return Err(VikingError::invalid("a file view needs a length above 0"));
         }
-        let size = os::file_size(fd)?;
+        let size = file_size(file)?;
         if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(VikingError::invalid(format!(
                 "the file is {size} bytes, shorter than {offset} + {len}: was it replaced or truncated on disk?"
             )));
         }
-        // SAFETY: fd is open (fstat just succeeded); the view unmaps exactly this range once.
-        let addr = unsafe { os::map_shared_read_only(fd, offset, len)? };
-        Ok(FileView { addr, len })
-    }
-
-    #[cfg(not(unix))]
-    pub fn open(_fd: i32, _offset: u64, _len: u64) -> Result<FileView> {
-        Err(VikingError::BackendUnavailable { backend: "file view", reason: "file views are implemented for Unix only".into() })
+        // SAFETY: the file is open (its size was just read); the view unmaps exactly this once.
+        unsafe { map(file, offset, len) }
     }
 
     pub fn addr(&self) -> u64 {
@@ -57,37 +57,120 @@ impl FileView {
     }
 }
 
+#[cfg(unix)]
+fn file_size(fd: i64) -> Result<u64> {
+    os::file_size(i32::try_from(fd).map_err(|_| VikingError::invalid(format!("{fd} is not a file descriptor")))?)
+}
+
+#[cfg(unix)]
+unsafe fn map(fd: i64, offset: u64, len: u64) -> Result<FileView> {
+    let addr = os::map_shared_read_only(fd as i32, offset, len)?;
+    Ok(FileView { addr, len, base: addr, mapping: 0 })
+}
+
+#[cfg(windows)]
+fn file_size(handle: i64) -> Result<u64> {
+    os::file_size_of_handle(handle as u64)
+}
+
+#[cfg(windows)]
+unsafe fn map(handle: i64, offset: u64, len: u64) -> Result<FileView> {
+    const GRANULARITY: u64 = 64 << 10; // a view starts on an allocation-granularity boundary
+    let start = offset / GRANULARITY * GRANULARITY;
+    let (base, mapping) = os::map_view_read_only(handle as u64, start, len + (offset - start))?;
+    Ok(FileView { addr: base + (offset - start), len, base, mapping })
+}
+
+#[cfg(not(any(unix, windows)))]
+fn file_size(_file: i64) -> Result<u64> {
+    Err(VikingError::BackendUnavailable { backend: "file view", reason: "file views are implemented for Unix and Windows".into() })
+}
+
+#[cfg(not(any(unix, windows)))]
+unsafe fn map(_file: i64, _offset: u64, _len: u64) -> Result<FileView> {
+    unreachable!("file_size refuses first")
+}
+
 impl Drop for FileView {
     fn drop(&mut self) {
-        #[cfg(unix)]
         // SAFETY: this view made the mapping and is its only owner; nothing uses it after drop
         // (the ledger keeps the view alive while any registration covers it).
-        let _ = unsafe { os::unmap(self.addr, self.len) };
+        #[cfg(unix)]
+        let _ = unsafe { os::unmap(self.base, self.len) };
+        #[cfg(windows)]
+        unsafe {
+            os::unmap_view(self.base, self.mapping)
+        };
+        let _ = self.mapping;
     }
 }
 
-#[cfg(all(test, unix))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
-    use std::os::unix::io::AsRawFd;
+
+    fn test_file(pages: usize) -> (std::path::PathBuf, std::fs::File) {
+        let path = std::env::temp_dir().join(format!("viking_view_{}_{pages}", std::process::id()));
+        let mut file = std::fs::File::create(&path).unwrap();
+        file.write_all(&vec![7u8; pages * 4096]).unwrap();
+        drop(file);
+        let file = std::fs::File::open(&path).unwrap();
+        (path, file)
+    }
+
+    #[cfg(unix)]
+    fn raw(file: &std::fs::File) -> i64 {
+        use std::os::unix::io::AsRawFd;
+        file.as_raw_fd() as i64
+    }
+
+    #[cfg(windows)]
+    fn raw(file: &std::fs::File) -> i64 {
+        use std::os::windows::io::AsRawHandle;
+        file.as_raw_handle() as i64
+    }
 
     #[test]
     fn a_view_maps_the_file_and_checks_its_size() {
-        let path = std::env::temp_dir().join(format!("viking_view_{}", std::process::id()));
-        let mut file = std::fs::File::create(&path).unwrap();
-        file.write_all(&vec![7u8; 3 * 4096]).unwrap();
-        drop(file);
-        let file = std::fs::File::open(&path).unwrap();
-        let view = FileView::open(file.as_raw_fd(), 4096, 2 * 4096).unwrap();
+        let (path, file) = test_file(20);
+        // 17 pages in: past Windows' 64 KiB granularity, so the view starts below the offset there.
+        let view = FileView::open(raw(&file), 17 * 4096, 2 * 4096).unwrap();
         // SAFETY: the view maps 8192 readable bytes.
         let first = unsafe { *(view.addr() as *const u8) };
         assert_eq!((first, view.len()), (7, 8192));
-        assert_eq!(view.resident_bytes(), Some(8192)); // just written: in the page cache
-        assert!(FileView::open(file.as_raw_fd(), 100, 4096).is_err(), "unaligned offset");
-        let error = FileView::open(file.as_raw_fd(), 0, 4 * 4096).unwrap_err().to_string();
+        if cfg!(unix) {
+            assert_eq!(view.resident_bytes(), Some(8192)); // just written: in the page cache
+        }
+        assert!(FileView::open(raw(&file), 100, 4096).is_err(), "unaligned offset");
+        let error = FileView::open(raw(&file), 0, 21 * 4096).unwrap_err().to_string();
         assert!(error.contains("replaced or truncated"), "{error}");
         drop(view);
+        drop(file);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// The view is read-only file memory (the kind CUDA never takes), the OS lock holds it, and
+    /// ordinary heap memory is told apart from it (Windows: VirtualQuery; Linux: /proc/self/maps).
+    #[test]
+    fn a_view_is_read_only_memory_that_the_os_lock_holds() {
+        use crate::memmap::{self, MemoryKind};
+        let (path, file) = test_file(4);
+        let view = FileView::open(raw(&file), 0, 4 * 4096).unwrap();
+        let heap = vec![1u8; 1 << 20];
+        let kind = |addr: u64, len: u64| match os::read_self_maps() {
+            Some(text) => memmap::classify(&memmap::parse(&text), addr, len),
+            None => os::memory_kind(addr, len).expect("a way to tell memory kinds apart"),
+        };
+        assert_eq!(kind(view.addr(), view.len()), MemoryKind::ReadOnly);
+        assert_eq!(kind(heap.as_ptr() as u64, heap.len() as u64), MemoryKind::Anonymous);
+        // SAFETY: the view is mapped until it drops, after the unlock.
+        unsafe {
+            os::lock(view.addr(), view.len()).unwrap();
+            os::unlock(view.addr(), view.len()).unwrap();
+        }
+        drop(view);
+        drop(file);
         std::fs::remove_file(path).unwrap();
     }
 }

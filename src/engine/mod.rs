@@ -350,10 +350,12 @@ impl Engine {
         let backend = match choice {
             BackendChoice::OsLock => oslock(),
             BackendChoice::Cuda => state.cuda().map(|b| b as Arc<dyn Backend>),
+            // Auto never fails for CUDA's sake: no driver, no GPU, or a CUDA error at context
+            // creation (exclusive-process mode, no memory) all mean the OS lock; the status's
+            // `cuda.reason` says why.
             BackendChoice::Auto => match state.cuda() {
                 Ok(cuda) => Ok(cuda as Arc<dyn Backend>),
-                Err(VikingError::BackendUnavailable { .. }) => oslock(),
-                Err(other) => Err(other),
+                Err(_) => oslock(),
             },
         }?;
         Ok(self.maybe_faulty(backend))

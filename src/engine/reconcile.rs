@@ -34,6 +34,15 @@ impl Backends {
     }
 }
 
+/// The OS's limit on locked memory, as a plan sees it.
+#[derive(Clone, Copy)]
+struct Locks {
+    /// What more may be locked now (u64::MAX: no limit).
+    room_bytes: u64,
+    /// The request's backend is the OS lock (else only read-only memory is locked).
+    all_kinds: bool,
+}
+
 /// What step 4 registered.
 #[derive(Default)]
 struct Registered {
@@ -63,7 +72,8 @@ impl Engine {
         let mut released_bytes = state.release_unwanted(&request);
         let (budget, evicted, made_room) = state.make_room(&request);
         released_bytes += made_room;
-        let plan = state.plan_for(&request, mappings.as_deref(), &budget, backends.read_only_ok());
+        let locks = Locks { room_bytes: state.lock_room(), all_kinds: backends.primary.kind() == BackendKind::OsLock };
+        let plan = state.plan_for(&request, mappings.as_deref(), &budget, backends.read_only_ok(), locks);
         let mut registered = state.register(&request, &plan, &backends, &self.locker);
         for (text, bytes) in failed_late {
             registered.failures.push(text);
@@ -144,9 +154,24 @@ impl State {
         (budget, evicted, released)
     }
 
+    /// What more this process may lock (RLIMIT_MEMLOCK less what is locked now and our locks
+    /// still being made off the thread); u64::MAX where nothing limits it.
+    fn lock_room(&self) -> u64 {
+        match sys::os::lock_limit() {
+            None => u64::MAX,
+            Some(limit) => limit
+                .saturating_sub(sys::os::self_status_bytes("VmLck").unwrap_or(0))
+                .saturating_sub(self.ledger.pending_bytes()),
+        }
+    }
+
     /// Step 3: the plan, against every live pin, ours and others'.
-    fn plan_for(&self, request: &Request, mappings: Option<&[Mapping]>, budget: &Budget, read_only_ok: bool) -> Plan {
-        let kind_of = |addr, len| mappings.map_or(MemoryKind::Anonymous, |m| memmap::classify(m, addr, len));
+    fn plan_for(&self, request: &Request, mappings: Option<&[Mapping]>, budget: &Budget, read_only_ok: bool, locks: Locks) -> Plan {
+        // Linux: /proc/self/maps; Windows: VirtualQuery; elsewhere every range is taken as heap.
+        let kind_of = |addr, len| match mappings {
+            Some(m) => memmap::classify(m, addr, len),
+            None => sys::os::memory_kind(addr, len).unwrap_or(MemoryKind::Anonymous),
+        };
         let ranges: Vec<HostRange> = request
             .ranges
             .iter()
@@ -157,7 +182,12 @@ impl State {
         let foreign = spans::subtract(&spans::from_lengths(request.foreign.iter().copied()), &ours);
         pinned.extend(foreign.into_iter().map(|(start, stop)| Pinned { addr: start, len: stop - start, owner: None }));
         let model_room = request.model_limit_bytes.map_or(u64::MAX, |limit| limit.saturating_sub(self.ledger.owner_bytes(request.owner)));
-        let rules = Rules { read_only_ok, ..Rules::with_room(budget.room_bytes.min(model_room)) };
+        let rules = Rules {
+            read_only_ok,
+            lock_room_bytes: locks.room_bytes,
+            lock_all_kinds: locks.all_kinds,
+            ..Rules::with_room(budget.room_bytes.min(model_room))
+        };
         plan::plan(&ranges, &pinned, &rules)
     }
 

@@ -54,20 +54,36 @@ impl Engine {
             entry.regions += count;
             *entry.by_backend.entry(backend_kind.name()).or_default() += bytes;
         }
+        // What the page-table reads below need, copied: they take ~24 ms per GiB, and the
+        // engine's lock is not held for them (every pin, release and budget call waits on it).
+        let wanted: Vec<(u64, Vec<(u64, u64)>)> = state.owners.iter().map(|(&owner, record)| (owner, record.ranges.clone())).collect();
+        let pins: Vec<(u64, u64, u64, bool)> =
+            state.ledger.entries().map(|e| (e.owner, e.addr(), e.len(), e.registration.pending())).collect();
+        let pinned_bytes = state.ledger.total_bytes();
+        let (pinned_by_others, given_back) = (state.foreign_bytes, state.given_back_under_pressure);
+        let (policy, counters, events) = (state.policy, state.counters, state.events.clone());
+        let (swaps_at_start, swaps_at_last_run) = (state.swaps_at_start, state.swaps_at_last_run);
+        let swaps_now = sys::os::swap_counters();
+        if mark_run {
+            state.swaps_at_last_run = swaps_now;
+        }
+        drop(state);
 
-        for (owner, record) in &state.owners {
-            let counts: Option<Vec<(u64, u64)>> = record.ranges.iter().map(|&(addr, len)| sys::os::residency(addr, len)).collect();
+        for (owner, ranges) in &wanted {
+            let counts: Option<Vec<(u64, u64)>> = ranges.iter().map(|&(addr, len)| sys::os::residency(addr, len)).collect();
             if let (Some(counts), Some(entry)) = (counts, owners.get_mut(owner)) {
                 entry.resident_bytes = Some(counts.iter().map(|c| c.0).sum());
                 entry.swapped_bytes = Some(counts.iter().map(|c| c.1).sum());
             }
         }
-
-        for entry in state.ledger.entries() {
-            let swapped = sys::os::residency(entry.addr(), entry.len()).map(|(_, swapped)| swapped);
-            if let Some(owner) = owners.get_mut(&entry.owner) {
-                if entry.registration.pending() {
-                    owner.pending_bytes += entry.len();
+        // The pins' memory stays mapped while this runs: a pin released meanwhile is read from
+        // the same process's address space (mapped or not, pagemap answers) and only skews this
+        // one snapshot.
+        for &(owner, addr, len, pending) in &pins {
+            let swapped = sys::os::residency(addr, len).map(|(_, swapped)| swapped);
+            if let Some(owner) = owners.get_mut(&owner) {
+                if pending {
+                    owner.pending_bytes += len;
                 }
                 owner.pinned_swapped_bytes = match (owner.pinned_swapped_bytes, swapped) {
                     (_, None) => None,
@@ -76,9 +92,7 @@ impl Engine {
             }
         }
 
-        let pinned_bytes = state.ledger.total_bytes();
-        let memory = state.snapshot();
-        let swaps_now = sys::os::swap_counters();
+        let memory = super::memory_snapshot(pinned_bytes, pinned_by_others, given_back);
         let page = sys::os::page_size();
         let delta = |then: Option<(u64, u64)>, pick: fn((u64, u64)) -> u64| -> Option<u64> {
             Some(pick(swaps_now?).saturating_sub(pick(then?)) * page)
@@ -87,35 +101,33 @@ impl Engine {
             swap_total: memory.swap_total,
             swap_used: memory.swap_used,
             process_swapped_bytes: sys::os::self_status_bytes("VmSwap"),
-            swapped_in_since_start: delta(state.swaps_at_start, |c| c.0),
-            swapped_out_since_start: delta(state.swaps_at_start, |c| c.1),
-            swapped_in_since_last_run: delta(state.swaps_at_last_run, |c| c.0),
-            swapped_out_since_last_run: delta(state.swaps_at_last_run, |c| c.1),
+            swapped_in_since_start: delta(swaps_at_start, |c| c.0),
+            swapped_out_since_start: delta(swaps_at_start, |c| c.1),
+            swapped_in_since_last_run: delta(swaps_at_last_run, |c| c.0),
+            swapped_out_since_last_run: delta(swaps_at_last_run, |c| c.1),
             process_page_faults: sys::os::page_faults(),
             commit_limit: memory.commit_limit,
             commit_available: memory.commit_available,
             working_set_minimum: sys::os::working_set_minimum(),
         };
-        if mark_run {
-            state.swaps_at_last_run = swaps_now;
-        }
         let (release_failures, last_release_error) = backend::release_failures();
         Status {
             version: env!("CARGO_PKG_VERSION"),
-            budget: budget::compute(&memory, &state.policy),
+            budget: budget::compute(&memory, &policy),
             memory,
-            policy: state.policy,
+            policy,
             pinned_bytes,
             pending_bytes: owners.values().map(|o| o.pending_bytes).sum(),
-            registrations: state.ledger.entries().count(),
+            registrations: pins.len(),
             owners: owners.into_values().collect(),
             cuda,
             os_lock_available,
+            os_lock_limit_bytes: crate::sys::os::lock_limit(),
             paging,
-            counters: state.counters,
+            counters,
             release_failures,
             last_release_error,
-            events: state.events.clone(),
+            events,
         }
     }
 }

@@ -21,6 +21,20 @@ fn request(owner: u64, priority: i32, ranges: Vec<(u64, u64, Keepalive)>) -> Req
     Request { owner, label: format!("model {owner}"), priority, backend: BackendChoice::OsLock, model_limit_bytes: None, ranges, foreign: vec![], others_pinned_bytes: 0 }
 }
 
+/// Whether this process may lock `mib` MiB more; if not, says so (the test then skips): run as a
+/// user or in a container with a small `ulimit -l` (scripts/test.sh runs the engine tests so),
+/// the tests that lock more than the limit have nothing to show there.
+fn may_lock_mib(test: &str, mib: u64) -> bool {
+    let room = crate::sys::os::lock_limit().map(|limit| limit.saturating_sub(crate::sys::os::self_status_bytes("VmLck").unwrap_or(0)));
+    match room {
+        Some(room) if room < mib << 20 => {
+            println!("skipped {test}: it locks {mib} MiB, this process may lock {} KiB more (ulimit -l, no CAP_IPC_LOCK)", room >> 10);
+            false
+        }
+        _ => true,
+    }
+}
+
 #[cfg(target_os = "linux")]
 fn locked_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -33,6 +47,9 @@ fn locked_kib() -> u64 {
 #[cfg(target_os = "linux")]
 fn reconcile_pins_releases_and_is_idempotent() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !may_lock_mib("reconcile_pins_releases_and_is_idempotent", 16) {
+        return;
+    }
     let engine = Engine::new();
     engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
     let (a, keep_a) = buffer(8 * MIB);
@@ -65,6 +82,9 @@ fn reconcile_pins_releases_and_is_idempotent() {
 #[test]
 fn a_lowered_model_budget_gives_back_what_is_beyond_it() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !may_lock_mib("a_lowered_model_budget_gives_back_what_is_beyond_it", 16) {
+        return;
+    }
     let engine = Engine::new();
     engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
     let buffers: Vec<(u64, Keepalive)> = (0..4).map(|_| buffer(4 * MIB)).collect();
@@ -85,6 +105,9 @@ fn a_lowered_model_budget_gives_back_what_is_beyond_it() {
 #[test]
 fn higher_priority_evicts_lower_within_a_user_budget() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !may_lock_mib("higher_priority_evicts_lower_within_a_user_budget", 16) {
+        return;
+    }
     let engine = Engine::new();
     engine.configure(Policy::from_user(12.0 / 1024.0, 0.0, 0.0).unwrap(), 0, None).unwrap(); // 12 MiB
     let (a, keep_a) = buffer(8 * MIB);
@@ -102,6 +125,9 @@ fn higher_priority_evicts_lower_within_a_user_budget() {
 #[cfg(target_os = "linux")]
 fn injected_faults_leave_a_consistent_ledger() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !may_lock_mib("injected_faults_leave_a_consistent_ledger", 16) {
+        return;
+    }
     let engine = Engine::new();
     engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
     let buffers: Vec<(u64, Keepalive)> = (0..3).map(|_| buffer(4 * MIB)).collect();
@@ -155,6 +181,9 @@ fn bad_ranges_are_rejected_before_anything_is_pinned() {
 #[test]
 fn our_own_pins_passed_back_as_foreign_are_not_counted_as_others() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !may_lock_mib("our_own_pins_passed_back_as_foreign_are_not_counted_as_others", 16) {
+        return;
+    }
     let engine = Engine::new();
     engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
     let (a, keep_a) = buffer(8 * MIB);
@@ -187,10 +216,13 @@ fn read_only_file_pages_are_locked_off_the_callers_thread() {
     use std::os::unix::io::AsRawFd;
 
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !may_lock_mib("read_only_file_pages_are_locked_off_the_callers_thread", 16) {
+        return;
+    }
     let path = std::env::temp_dir().join(format!("viking_deferred_{}", std::process::id()));
     std::fs::File::create(&path).unwrap().write_all(&vec![3u8; 16 * MIB]).unwrap();
     let file = std::fs::File::open(&path).unwrap();
-    let view = FileView::open(file.as_raw_fd(), 0, 16 * MIB as u64).unwrap();
+    let view = FileView::open(file.as_raw_fd() as i64, 0, 16 * MIB as u64).unwrap();
     let (addr, len) = (view.addr(), view.len());
     let keep: Keepalive = Arc::new(view);
     let engine = Engine::new();
@@ -231,4 +263,36 @@ fn read_only_file_pages_are_locked_off_the_callers_thread() {
     assert!(locked_kib() <= before + 8, "nothing left locked");
     drop(keep);
     std::fs::remove_file(path).unwrap();
+}
+
+/// A process that may lock only a little (a normal user, a container without CAP_IPC_LOCK):
+/// the OS lock pins up to that limit and names it for the rest; nothing fails, nothing is
+/// counted that is not locked. Runs where a limit applies (scripts/test.sh runs the engine
+/// tests once more without CAP_IPC_LOCK and with an 8 MiB limit).
+#[test]
+#[cfg(target_os = "linux")]
+fn a_lock_limit_is_a_named_bound_and_nothing_is_phantom() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(limit) = crate::sys::os::lock_limit() else {
+        println!("skipped a_lock_limit_is_a_named_bound_and_nothing_is_phantom: nothing limits locked memory here (CAP_IPC_LOCK or an unlimited ulimit -l)");
+        return;
+    };
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    // Twice the limit, in 1 MiB storages.
+    let storages = (2 * limit).div_ceil(MIB as u64).max(2);
+    let buffers: Vec<(u64, Keepalive)> = (0..storages).map(|_| buffer(MIB)).collect();
+    let ranges: Vec<(u64, u64, Keepalive)> = buffers.iter().map(|(a, k)| (*a, MIB as u64, k.clone())).collect();
+    let report = engine.reconcile(request(1, 0, ranges.clone())).unwrap();
+    assert!(report.failures.is_empty(), "{report:?}");
+    let skipped = report.skipped.iter().find(|s| s.reason == "lock_limit").expect("the limit is named");
+    assert!(skipped.description.contains("ulimit -l") && skipped.description.contains("CAP_IPC_LOCK"));
+    assert_eq!(report.pinned_bytes + skipped.bytes, report.wanted_bytes, "{report:?}");
+    assert!(locked_kib() * 1024 <= limit && report.pinned_bytes <= limit);
+    // What is counted is locked.
+    assert!(locked_kib() * 1024 >= report.pinned_bytes, "{} KiB locked, {} counted", locked_kib(), report.pinned_bytes);
+    // Again: nothing fails, nothing changes.
+    let again = engine.reconcile(request(1, 0, ranges)).unwrap();
+    assert!(again.failures.is_empty() && again.newly_pinned_bytes == 0 && again.pinned_bytes == report.pinned_bytes, "{again:?}");
+    assert_eq!(engine.release_owner(1), report.pinned_bytes);
 }

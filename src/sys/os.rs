@@ -137,8 +137,29 @@ mod win {
         pub PeakPagefileUsage: usize,
     }
 
+    #[repr(C)]
+    pub struct MemoryBasicInformation {
+        pub BaseAddress: *mut c_void,
+        pub AllocationBase: *mut c_void,
+        pub AllocationProtect: u32,
+        pub PartitionId: u16,
+        pub RegionSize: usize,
+        pub State: u32,
+        pub Protect: u32,
+        pub Type: u32,
+    }
+
+    pub const PAGE_READONLY: u32 = 0x02;
+    pub const FILE_MAP_READ: u32 = 0x04;
+
     #[link(name = "kernel32")]
     extern "system" {
+        pub fn VirtualQuery(address: *const c_void, buffer: *mut MemoryBasicInformation, length: usize) -> usize;
+        pub fn CreateFileMappingW(file: Handle, attributes: *const c_void, protect: u32, size_high: u32, size_low: u32, name: *const u16) -> Handle;
+        pub fn MapViewOfFile(mapping: Handle, access: u32, offset_high: u32, offset_low: u32, bytes: usize) -> *mut c_void;
+        pub fn UnmapViewOfFile(address: *const c_void) -> i32;
+        pub fn CloseHandle(handle: Handle) -> i32;
+        pub fn GetFileSizeEx(file: Handle, size: *mut i64) -> i32;
         pub fn VirtualLock(address: *const c_void, size: usize) -> i32;
         pub fn VirtualUnlock(address: *const c_void, size: usize) -> i32;
         pub fn GetCurrentProcess() -> Handle;
@@ -187,6 +208,77 @@ pub unsafe fn unlock(addr: u64, len: u64) -> Result<()> {
         Ok(())
     } else {
         Err(last_os_error("VirtualUnlock"))
+    }
+}
+
+/// The kind of memory `[addr, addr+len)` is, from VirtualQuery (Windows, where there is no
+/// /proc/self/maps); `None` elsewhere.
+#[cfg(windows)]
+pub fn memory_kind(addr: u64, len: u64) -> Option<crate::memmap::MemoryKind> {
+    use crate::memmap::{classify_windows, MemoryKind, WindowsRegion};
+    let end = addr.checked_add(len)?;
+    let mut regions = Vec::new();
+    let mut cursor = addr;
+    while cursor < end {
+        // SAFETY: VirtualQuery only reads the address space's bookkeeping and writes `info`.
+        let mut info: win::MemoryBasicInformation = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<win::MemoryBasicInformation>();
+        if unsafe { win::VirtualQuery(cursor as *const std::ffi::c_void, &mut info, size) } == 0 {
+            return Some(MemoryKind::Unmapped);
+        }
+        regions.push(WindowsRegion { state: info.State, protect: info.Protect, kind: info.Type });
+        let next = info.BaseAddress as u64 + info.RegionSize as u64;
+        if next <= cursor {
+            break;
+        }
+        cursor = next;
+    }
+    Some(classify_windows(&regions))
+}
+
+#[cfg(not(windows))]
+pub fn memory_kind(_addr: u64, _len: u64) -> Option<crate::memmap::MemoryKind> {
+    None
+}
+
+/// Maps `len` bytes of the open file `handle` from `offset` (a multiple of the allocation
+/// granularity, 64 KiB) read-only: a view of the file's cached pages, as every other view of
+/// the file sees them. Returns (view address, mapping handle).
+///
+/// # Safety
+/// `handle` must be an open file handle; the caller unmaps the view exactly once (`unmap_view`).
+#[cfg(windows)]
+pub unsafe fn map_view_read_only(handle: u64, offset: u64, len: u64) -> Result<(u64, u64)> {
+    let mapping = win::CreateFileMappingW(handle as win::Handle, std::ptr::null(), win::PAGE_READONLY, 0, 0, std::ptr::null());
+    if mapping.is_null() {
+        return Err(last_os_error("CreateFileMappingW"));
+    }
+    let view = win::MapViewOfFile(mapping, win::FILE_MAP_READ, (offset >> 32) as u32, offset as u32, len as usize);
+    if view.is_null() {
+        let error = last_os_error("MapViewOfFile");
+        win::CloseHandle(mapping);
+        return Err(error);
+    }
+    Ok((view as u64, mapping as u64))
+}
+
+/// # Safety
+/// `view` and `mapping` must come from `map_view_read_only`, not used afterwards.
+#[cfg(windows)]
+pub unsafe fn unmap_view(view: u64, mapping: u64) {
+    win::UnmapViewOfFile(view as *const std::ffi::c_void);
+    win::CloseHandle(mapping as win::Handle);
+}
+
+/// The size of the open file `handle` (Windows).
+#[cfg(windows)]
+pub fn file_size_of_handle(handle: u64) -> Result<u64> {
+    let mut size = 0i64;
+    // SAFETY: GetFileSizeEx writes the size into `size`.
+    if unsafe { win::GetFileSizeEx(handle as win::Handle, &mut size) } != 0 {
+        Ok(size as u64)
+    } else {
+        Err(last_os_error("GetFileSizeEx"))
     }
 }
 
@@ -272,6 +364,41 @@ pub fn swap_counters() -> Option<(u64, u64)> {
     Some((field("pswpin ")?, field("pswpout ")?))
 }
 
+/// The bytes this process may lock with mlock, or `None` when nothing limits it: the process
+/// has CAP_IPC_LOCK (root, or a container given it), or RLIMIT_MEMLOCK is unlimited. A normal
+/// user's or a default Docker container's limit is 8 MiB (64 KiB on older systems). On Windows
+/// `None`: VirtualLock's bound is the working set, which the OS-lock backend raises itself.
+/// (CUDA registrations are not counted against this limit.)
+#[cfg(unix)]
+pub fn lock_limit() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if has_cap_ipc_lock(&status) {
+        return None;
+    }
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
+        return None;
+    }
+    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as u64)
+}
+
+#[cfg(not(unix))]
+pub fn lock_limit() -> Option<u64> {
+    None
+}
+
+/// Whether /proc/PID/status text grants CAP_IPC_LOCK (bit 14 of CapEff) in effect.
+#[cfg_attr(not(unix), allow(dead_code))]
+pub fn has_cap_ipc_lock(status: &str) -> bool {
+    const CAP_IPC_LOCK: u32 = 14;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps >> CAP_IPC_LOCK & 1 == 1)
+}
+
 /// A `kB` field of /proc/self/status (e.g. VmSwap, VmLck), in bytes.
 pub fn self_status_bytes(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -316,4 +443,18 @@ pub fn cgroup_levels() -> Vec<crate::cgroup::Level> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_ipc_lock_is_bit_14_of_the_effective_set() {
+        assert!(has_cap_ipc_lock("Name:\tpython\nCapEff:\t000001ffffffffff\n")); // root
+        assert!(!has_cap_ipc_lock("CapEff:\t0000000000000000\n")); // a normal user
+        assert!(!has_cap_ipc_lock("CapEff:\t00000000a80425fb\n")); // Docker's default set: no IPC_LOCK
+        assert!(has_cap_ipc_lock("CapEff:\t00000000a80465fb\n")); // the same with --cap-add IPC_LOCK
+        assert!(!has_cap_ipc_lock("no such line"));
+    }
 }

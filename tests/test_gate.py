@@ -1,0 +1,55 @@
+"""Callbacks that ComfyUI fires off its execution thread (ModelPatcher.__del__ detaches a model on
+whichever thread drops it or runs the cyclic collector) go through the gate: while a prompt runs
+they wait for the execution thread, so no release pulls pages from under queued copies."""
+import threading
+
+from comfy_node import comfy, gate, lifecycle
+
+
+class Patcher:  # only its identity matters here (held weakly)
+    pass
+
+
+def test_an_event_on_another_thread_waits_for_the_execution_thread(monkeypatch):
+    reconciled = []
+    monkeypatch.setattr(lifecycle, "reconcile", lambda patcher: reconciled.append(threading.get_ident()))
+    running = [True]
+    monkeypatch.setattr(comfy, "prompt_running", lambda: running[0])
+    monkeypatch.setattr(gate, "_execution_thread", None)
+    patcher = Patcher()
+    gate.note_execution_thread()  # this thread plays ComfyUI's execution thread
+
+    collector = threading.Thread(target=lifecycle._on_event, args=(patcher,))
+    collector.start()
+    collector.join()
+    assert reconciled == [] and gate.deferred() == ["reconcile after a ComfyUI event on another thread"]
+    with gate.lock:
+        gate.on_execution_thread()  # the execution thread's next Viking callback applies it
+    assert reconciled == [threading.get_ident()] and gate.deferred() == []
+
+    # No prompt running: the other thread's event is applied at once, under the gate's lock.
+    running[0] = False
+    collector = threading.Thread(target=lifecycle._on_event, args=(patcher,))
+    collector.start()
+    collector.join()
+    assert len(reconciled) == 2 and reconciled[1] == collector.ident
+
+    # On the execution thread itself: at once, as always.
+    running[0] = True
+    lifecycle._on_event(patcher)
+    assert len(reconciled) == 3 and reconciled[2] == threading.get_ident()
+
+
+def test_an_instance_wrapper_calls_the_class_method_as_it_is_at_call_time():
+    """Another node that patches ModelPatcher's class after Viking wrapped an instance is
+    composed, not bypassed (the wrapper looks the class method up when it is called)."""
+    class Patcher:
+        def load(self, x):
+            return ["original", x]
+
+    patcher = Patcher()
+    comfy.wrap_instance_method(patcher, "load", lambda inner: lambda this, x: ["viking"] + inner(this, x))
+    assert patcher.load(1) == ["viking", "original", 1]
+    original = Patcher.load
+    Patcher.load = lambda self, x: ["other node"] + original(self, x)  # a later class-level patch
+    assert patcher.load(2) == ["viking", "other node", "original", 2]
