@@ -11,15 +11,20 @@ from .comfy_node.spec import v1_class, v3_class
 
 WEB_DIRECTORY = "./web"
 
+from .comfy_node import gate as _gate
+
 try:  # the HTTP routes, the gate's watcher and engine mode exist only inside a ComfyUI server
     from .comfy_node import routes as _routes  # noqa: F401
     from .comfy_node import engine_mode as _engine_mode
-    from .comfy_node import gate as _gate
 except ImportError:
-    _engine_mode = _gate = None
+    _engine_mode = None
 if _engine_mode is not None:
-    _gate.start()
+    _gate.start(watch=True)
     _engine_mode.start()
+elif _gate.comfy.host().version is not None:
+    # ComfyUI without its server (embedded in another program): pressure relief still waits for
+    # the execution thread, never the native monitor's own thread.
+    _gate.start(watch=False)
 
 import os as _os
 

@@ -130,6 +130,7 @@ class NativeStatus(TypedDict):
     cuda: Cuda
     os_lock_available: bool
     os_lock_limit_bytes: Optional[int]  # RLIMIT_MEMLOCK without CAP_IPC_LOCK; None: no limit
+    monitor_releases: bool  # the native monitor thread releases pins itself (False inside ComfyUI)
     paging: Paging
     counters: Counters
     release_failures: int
@@ -188,6 +189,7 @@ class Status(NativeStatus):
     time_in_viking: dict  # kind ("event", "eviction_check") -> {"calls", "seconds"} since start
     deferred_changes: List[str]
     applied_changes: List[dict]
+    pressure_relief: str  # gate.relief(): "gate watcher", "execution thread" or "native monitor"
 
 
 def key_mismatches(value: Any, typed, where: str = "") -> list[str]:

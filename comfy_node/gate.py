@@ -9,6 +9,10 @@ A change asked for from elsewhere (an HTTP route, the engine-mode switch) while 
 deferred: the execution thread applies it at its next Viking callback, or the watcher applies
 it as soon as the prompt is over. Memory pressure is relieved the same way (the native monitor
 thread is told not to release on its own: `set_monitor_releases(False)`).
+
+ComfyUI embedded in another program, without its HTTP server: nobody can tell whether a prompt
+runs, so there is no watcher and every change, pressure relief included, waits for the execution
+thread's next Viking callback (`start(watch=False)`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ lock = threading.RLock()
 _deferred: list[tuple[str, Callable[[], object]]] = []
 _applied: list[dict] = []  # the last changes applied, where and when (for the status)
 _watcher: threading.Thread | None = None
+_relief = "native monitor"  # who releases pins under memory pressure (for the status)
 pressure_releases = 0  # bumped whenever pressure relief gave pins back: reconciles must not skip
 WATCH_SECONDS = 0.5
 
@@ -39,7 +44,7 @@ def submit(what: str, change: Callable[[], object]) -> dict:
     """Runs `change()` now when that is safe (no prompt runs), else defers it to the execution
     thread. Returns {"applied": True, "result": ...} or {"applied": False, "deferred": what}."""
     with lock:
-        if not comfy.prompt_running():
+        if not _prompt_may_run():
             result = change()
             _remember(what, "at once (no prompt running)")
             return {"applied": True, "result": result}
@@ -91,8 +96,22 @@ def on_another_thread() -> bool:
 
 def on_execution_thread():
     """Every Viking entry point on ComfyUI's execution thread calls this first (holding `lock`)."""
-    if _deferred or _watcher is not None:
+    if _deferred or _relief != "native monitor":
         drain("on the execution thread")
+
+
+def _prompt_may_run() -> bool:
+    """Whether a prompt may be running: ComfyUI's queue says so inside a server; without one
+    (embedded) any time after the execution thread was first seen."""
+    if _relief == "execution thread":
+        return _execution_thread is not None
+    return comfy.prompt_running()
+
+
+def relief() -> str:
+    """Who releases pins under memory pressure: "native monitor" (outside ComfyUI), "gate
+    watcher" (a ComfyUI server) or "execution thread" (ComfyUI without its server)."""
+    return _relief
 
 
 def _watch():
@@ -106,11 +125,15 @@ def _watch():
             log.warning("Viking Engine: gate watcher: %s", error)
 
 
-def start():
-    """Inside a ComfyUI server: the gate takes over pressure relief from the native monitor."""
-    global _watcher
-    if _watcher is not None or native is None:
+def start(watch: bool = True):
+    """Inside ComfyUI: the gate takes over pressure relief from the native monitor (whose thread
+    would release CUDA pins while copies from them may be queued). `watch`: ComfyUI's server
+    runs, so a watcher can apply changes as soon as a prompt is over."""
+    global _watcher, _relief
+    if _relief != "native monitor" or native is None:
         return
     native.set_monitor_releases(False)
-    _watcher = threading.Thread(target=_watch, name="viking-gate", daemon=True)
-    _watcher.start()
+    _relief = "gate watcher" if watch else "execution thread"
+    if watch:
+        _watcher = threading.Thread(target=_watch, name="viking-gate", daemon=True)
+        _watcher.start()

@@ -429,6 +429,7 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status
     snapshot["time_in_viking"] = timing.totals()
     snapshot["deferred_changes"] = gate.deferred()
     snapshot["applied_changes"] = gate.applied()
+    snapshot["pressure_relief"] = gate.relief()
     return snapshot
 
 

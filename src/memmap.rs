@@ -126,6 +126,8 @@ pub fn classify(mappings: &[Mapping], addr: u64, len: u64) -> MemoryKind {
 
 /// One region as Windows' VirtualQuery describes it (MEMORY_BASIC_INFORMATION): its State,
 /// Protect and Type fields.
+/// (Built everywhere so its rules are unit-tested on Linux too; used only on Windows.)
+#[cfg_attr(not(windows), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowsRegion {
     pub state: u32,
@@ -133,6 +135,7 @@ pub struct WindowsRegion {
     pub kind: u32,
 }
 
+#[cfg_attr(not(windows), allow(dead_code))]
 impl WindowsRegion {
     pub const MEM_COMMIT: u32 = 0x1000;
     pub const MEM_PRIVATE: u32 = 0x2_0000;
@@ -166,6 +169,7 @@ impl WindowsRegion {
 }
 
 /// The kind of a range that spans these regions (in address order, covering it): the worst.
+#[cfg_attr(not(windows), allow(dead_code))]
 pub fn classify_windows(regions: &[WindowsRegion]) -> MemoryKind {
     regions.iter().map(|r| r.memory_kind()).max_by_key(|k| k.badness()).unwrap_or(MemoryKind::Unmapped)
 }

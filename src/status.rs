@@ -85,6 +85,9 @@ pub struct Status {
     /// What this process may lock with the OS lock (RLIMIT_MEMLOCK without CAP_IPC_LOCK);
     /// None: no limit. CUDA registrations do not count against it.
     pub os_lock_limit_bytes: Option<u64>,
+    /// Whether the native pressure monitor releases pins from its own thread (false: the
+    /// caller took relief over, ComfyUI's side does it where no copy can read the pages).
+    pub monitor_releases: bool,
     pub paging: Paging,
     pub counters: Counters,
     pub release_failures: u64,

@@ -99,15 +99,7 @@ impl CudaBackend {
     /// Runs `call` with our primary context current, then puts back whatever was current, so
     /// the calling thread's CUDA state (PyTorch's) is as it was.
     fn with_context<T>(&self, call: impl FnOnce() -> Result<T>) -> Result<T> {
-        let previous = cuda::current_context()?;
-        if previous != self.context {
-            cuda::set_current_context(self.context)?;
-        }
-        let result = call();
-        if previous != self.context {
-            cuda::set_current_context(previous)?;
-        }
-        result
+        with_current(self.context, call)
     }
 
     /// (free, total) device memory.
@@ -118,6 +110,35 @@ impl CudaBackend {
     /// The device address of registered host memory (equals `addr` under UVA).
     pub fn device_pointer(&self, addr: u64) -> Result<u64> {
         self.with_context(|| cuda::host_device_pointer(addr as usize))
+    }
+}
+
+/// Runs `call` with `context` current, then puts back whatever was current.
+fn with_current<T>(context: CUcontext, call: impl FnOnce() -> Result<T>) -> Result<T> {
+    let previous = cuda::current_context()?;
+    if previous != context {
+        cuda::set_current_context(context)?;
+    }
+    let result = call();
+    if previous != context {
+        cuda::set_current_context(previous)?;
+    }
+    result
+}
+
+/// Waits for the work of every other device whose primary context is active. Registrations are
+/// PORTABLE: a node pack that runs a model on a second GPU copies from the same pinned pages in
+/// that device's context, which synchronising our own context does not wait for.
+fn synchronize_other_devices(ours: CUdevice) {
+    for ordinal in 0..cuda::device_count().unwrap_or(0) {
+        let Ok(device) = cuda::device(ordinal) else { continue };
+        if device == ours || !cuda::primary_context_active(device).unwrap_or(false) {
+            continue; // an inactive context has no work queued (retaining it would create one)
+        }
+        if let Ok(context) = cuda::primary_context_retain(device) {
+            let _ = with_current(context, cuda::synchronize);
+            let _ = cuda::primary_context_release(device);
+        }
     }
 }
 
@@ -151,5 +172,6 @@ impl Backend for CudaBackend {
 
     fn quiesce(&self) {
         let _ = self.with_context(cuda::synchronize);
+        synchronize_other_devices(self.device);
     }
 }

@@ -65,8 +65,8 @@ pub trait Backend: Send + Sync {
     /// # Safety
     /// `[addr, addr+len)` must be exactly a range this backend pinned and has not unpinned.
     unsafe fn unpin(&self, addr: u64, len: u64) -> Result<()>;
-    /// Blocks until no device copy can still read memory this backend pinned (CUDA: the
-    /// context is synchronised). Called before releasing from outside the caller's thread.
+    /// Blocks until no device copy can still read memory this backend pinned (CUDA: every
+    /// device with an active primary context is synchronised). Called before releasing.
     fn quiesce(&self) {}
 }
 

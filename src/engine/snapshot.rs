@@ -123,6 +123,7 @@ impl Engine {
             cuda,
             os_lock_available,
             os_lock_limit_bytes: crate::sys::os::lock_limit(),
+            monitor_releases: self.monitor_releases.load(std::sync::atomic::Ordering::Relaxed),
             paging,
             counters,
             release_failures,

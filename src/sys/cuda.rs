@@ -78,6 +78,13 @@ pub fn primary_context_retain(device: CUdevice) -> Result<CUcontext> {
     Ok(context)
 }
 
+/// Whether the device's primary context is active: someone (PyTorch, a node pack) retained it.
+pub fn primary_context_active(device: CUdevice) -> Result<bool> {
+    let (mut flags, mut active) = (0, 0);
+    check("cuDevicePrimaryCtxGetState", unsafe { sys::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) })?;
+    Ok(active != 0)
+}
+
 pub fn primary_context_release(device: CUdevice) -> Result<()> {
     check("cuDevicePrimaryCtxRelease", unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) })
 }
