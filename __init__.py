@@ -16,10 +16,12 @@ from .comfy_node import gate as _gate
 try:  # the HTTP routes, the gate's watcher and engine mode exist only inside a ComfyUI server
     from .comfy_node import routes as _routes  # noqa: F401
     from .comfy_node import engine_mode as _engine_mode
+    from .comfy_node import shared_settings as _shared_settings
 except ImportError:
     _engine_mode = None
 if _engine_mode is not None:
     _gate.start(watch=True)
+    _shared_settings.start()
     _engine_mode.start()
 elif _gate.comfy.host().version is not None:
     # ComfyUI without its server (embedded in another program): pressure relief still waits for

@@ -26,6 +26,9 @@ def configure(budget_gib: float = 0.0, share: float = 0.0, headroom_gib: float =
     """The shared budget (for all models): budget_gib (0 = auto) or a share of RAM; headroom_gib
     (negative = auto); the CUDA device; PORTABLE|DEVICEMAP (True) or PORTABLE only (False)."""
 
+def set_headroom(headroom_gib: float) -> None:
+    """Only the shared headroom (RAM kept un-pinned; negative = auto); the limit and device stay."""
+
 def reconcile(owner: int, ranges: Iterable[Tuple[int, int, Any]], priority: int = 0, backend: str = "auto",
               label: str = "", model_limit_gib: float = 0.0, foreign: Sequence[Tuple[int, int]] = (),
               others_pinned_bytes: int = 0) -> str:

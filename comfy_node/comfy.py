@@ -18,6 +18,7 @@ import inspect
 import logging
 import os
 import sys
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -543,10 +544,19 @@ def staged_bytes(patcher) -> tuple[int, int]:
     return int(patcher.loaded_ram_size()), int(patcher.pinned_memory_size())
 
 
+_own_limit = threading.local()  # set while a model's own budget_gib gives its staging back
+
+
 def drop_staging(patcher, nbytes: int) -> int:
-    """Gives back up to `nbytes` of this model's staging copies (ComfyUI's own release path).
-    Execution thread only."""
-    return int(patcher.partially_unload_ram(nbytes))
+    """Gives back up to `nbytes` of this model's staging copies (ComfyUI's own release path,
+    through any other pack's wrappers). Past Viking's eviction guard: that guard keeps a model's
+    staging from *other* models' needs; this is the model's own limit, which must bind whatever
+    the other models hold. Execution thread only."""
+    _own_limit.active = True
+    try:
+        return int(patcher.partially_unload_ram(nbytes))
+    finally:
+        _own_limit.active = False
 
 
 def keep_in_current_prompt(patcher, keep: bool):
@@ -566,7 +576,7 @@ def guard_staging_eviction(patcher, refuse):
     def make(kind):
         def make_body(inner):
             def body(this, ram_to_unload, *args, **kwargs):
-                if ram_to_unload < EVICTION_BELOW and refuse(kind):
+                if ram_to_unload < EVICTION_BELOW and not getattr(_own_limit, "active", False) and refuse(kind):
                     return 0
                 return inner(this, ram_to_unload, *args, **kwargs)
             return body

@@ -190,6 +190,7 @@ class Status(NativeStatus):
     deferred_changes: List[str]
     applied_changes: List[dict]
     pressure_relief: str  # gate.relief(): "gate watcher", "execution thread" or "native monitor"
+    headroom_source: str  # "auto", "settings dialog", "VIKING_HEADROOM_GIB" or "node #N"
 
 
 def key_mismatches(value: Any, typed, where: str = "") -> list[str]:

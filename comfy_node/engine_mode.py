@@ -14,11 +14,10 @@ model as for the nodes. Switching off forgets what engine mode pinned.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
-from . import comfy, lifecycle
+from . import comfy, lifecycle, shared_settings
 
 ENV = "VIKING_ENGINE_MODE"
 SETTING_ID = "Viking.EngineMode"
@@ -39,12 +38,7 @@ def _truthy(text: str | None) -> bool:
 
 def saved_setting() -> bool | None:
     """The setting as the UI saved it for the default user, if ComfyUI and the file exist."""
-    path = comfy.user_settings_path()
-    try:
-        with open(path) as settings:
-            value = json.load(settings).get(SETTING_ID)
-    except (TypeError, OSError, ValueError, AttributeError):
-        return None
+    value = shared_settings.saved(SETTING_ID)
     return None if value is None else bool(value)
 
 

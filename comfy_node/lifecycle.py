@@ -20,7 +20,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING
 
-from . import comfy, dynamic, gate, home, models, prefetch, timing, vram_cap
+from . import comfy, dynamic, gate, home, models, prefetch, shared_settings, timing, vram_cap
 from . import native as native_module
 from .models import ModelRecord, PinSettings
 from .native import require
@@ -309,10 +309,11 @@ def _install_wrappers(patcher):
 def attach(patcher, settings: PinSettings) -> dict | None:
     """Makes `patcher` (and clones made from it later) keep its model's weights pinned."""
     native = require()
-    # The headroom is shared by every model: a node that asks for one sets it; a node left at 0
-    # leaves it as it is (auto unless another node set it), so it never undoes another's.
-    if settings.headroom_gib:
-        native.configure(headroom_gib=settings.headroom_gib)
+    # The headroom is shared by every model (its home: the settings dialog): a node that asks
+    # for one sets it, unless VIKING_HEADROOM_GIB fixes it; a node left at 0 leaves it as it is,
+    # so it never undoes another's or the dialog's.
+    if settings.headroom_gib and not shared_settings.headroom_fixed():
+        shared_settings.set_headroom(settings.headroom_gib, f"node #{settings.node_id}")
     vram_cap_bytes = native.gib_to_bytes("vram_cap_gib", settings.vram_cap_gib)
     owner = comfy.owner_of(patcher)
     with gate.lock:
@@ -430,6 +431,7 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status
     snapshot["deferred_changes"] = gate.deferred()
     snapshot["applied_changes"] = gate.applied()
     snapshot["pressure_relief"] = gate.relief()
+    snapshot["headroom_source"] = shared_settings.headroom_source()
     return snapshot
 
 

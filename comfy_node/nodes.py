@@ -17,8 +17,9 @@ SETTINGS_INPUTS = [
           tooltip="Keep at most this many GiB of this model page-locked in RAM (safe from swap and the pagefile). "
                   "0 = as much as the shared RAM budget allows. Every mode."),
     Input("headroom_gib", "FLOAT", default=0.0, min=0.0, max=4096.0, step=0.5, advanced=True,
-          tooltip="RAM that must stay un-pinned for everything else, shared by all models. 0 = leave it as it is "
-                  "(auto: 20% of RAM, 4-16 GiB, unless another Pin node set it). Every mode."),
+          tooltip="RAM that must stay un-pinned for everything else. Shared by all models: set it once in Settings > "
+                  "Viking Engine > RAM headroom (or VIKING_HEADROOM_GIB). 0 here = leave the shared value as it is "
+                  "(auto: 20% of RAM, 4-16 GiB); above 0 = set the shared value (the last node run wins). Every mode."),
     Input("backend", "COMBO", default="auto", options=BACKENDS, advanced=True,
           tooltip="auto: CUDA registration when ComfyUI computes on an NVIDIA GPU (fast DMA, no swap), else an OS "
                   "page lock (no swap). cuda / os-lock: that one only."),

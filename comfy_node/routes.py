@@ -9,7 +9,7 @@ import os
 from aiohttp import web
 from server import PromptServer
 
-from . import engine_mode, gate, lifecycle
+from . import engine_mode, gate, lifecycle, shared_settings
 from .native import native, INSTALL_HINT
 from .report import status_text
 
@@ -87,6 +87,34 @@ def _outcome(submitted: dict) -> dict:
     if submitted["applied"]:
         return {"released_bytes": submitted["result"]}
     return {"deferred": submitted["deferred"], "note": "applied when the running prompt reaches Viking or ends"}
+
+
+@PromptServer.instance.routes.get("/viking/headroom")
+async def viking_headroom_get(request):
+    _guard(request, "read")
+    return web.json_response({"headroom_gib": _headroom_gib(), "source": shared_settings.headroom_source()})
+
+
+def _headroom_gib() -> float:
+    return json.loads(native.budget_json())["budget"]["headroom_bytes"] / (1 << 30)
+
+
+@PromptServer.instance.routes.post("/viking/headroom")
+async def viking_headroom_set(request):
+    """{"headroom_gib": N}: the RAM every model's pins leave free (0 = auto); the settings
+    dialog calls this. Applied at once: a smaller budget releases pins at the next reconcile or
+    pressure relief, both on the execution thread or between prompts."""
+    body = await _change_request(request)
+    if shared_settings.headroom_fixed():
+        return web.json_response({"headroom_gib": _headroom_gib(), "error": f"the headroom is fixed by {shared_settings.HEADROOM_ENV} for this server"}, status=409)
+    gib = body.get("headroom_gib")
+    if isinstance(gib, bool) or not isinstance(gib, (int, float)) or gib < 0:
+        return web.json_response({"error": 'give {"headroom_gib": N} with N >= 0 in GiB (0 = auto)'}, status=400)
+    try:
+        result = shared_settings.set_headroom(float(gib), "settings dialog")
+    except ValueError as error:
+        return web.json_response({"error": str(error)}, status=400)
+    return web.json_response(result)
 
 
 @PromptServer.instance.routes.get("/viking/engine")

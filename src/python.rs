@@ -79,6 +79,17 @@ fn configure(py: Python<'_>, budget_gib: f64, share: f64, headroom_gib: f64, dev
     guarded(py, || engine().configure(policy, device, cuda_devicemap))
 }
 
+/// Sets only the shared headroom (RAM kept un-pinned; negative = auto), not the limit or the
+/// device as `configure` does.
+#[pyfunction]
+fn set_headroom(py: Python<'_>, headroom_gib: f64) -> PyResult<()> {
+    let headroom_bytes = if headroom_gib < 0.0 { None } else { Some(budget::gib_to_bytes("headroom_gib", headroom_gib)?) };
+    guarded(py, || {
+        engine().set_headroom(headroom_bytes);
+        Ok(())
+    })
+}
+
 /// Makes `owner`'s pins match `ranges` (an iterable of (data_ptr, nbytes, keepalive) whose
 /// keepalive owns the memory, e.g. the tensor's untyped storage). `model_limit_gib`: this
 /// model's own limit (0: none; the shared budget is `configure(budget_gib=...)`). `foreign`:
@@ -272,6 +283,7 @@ fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("VikingNativeError", m.py().get_type::<VikingNativeError>())?;
     m.add("BackendUnavailableError", m.py().get_type::<BackendUnavailableError>())?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(set_headroom, m)?)?;
     m.add_function(wrap_pyfunction!(reconcile, m)?)?;
     m.add_function(wrap_pyfunction!(release, m)?)?;
     m.add_function(wrap_pyfunction!(release_all, m)?)?;

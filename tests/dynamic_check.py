@@ -392,6 +392,32 @@ checks[f"status: Viking's time in ComfyUI's eviction calls, counted per decision
     checks_after["calls"] == checks_before["calls"] + 2 and checks_after["seconds"] > checks_before["seconds"])
 mm.current_loaded_models[:] = loaded_before
 lifecycle.forget(lifecycle.owner_of(kept))
+
+
+# A node's budget_gib binds the model's staging whatever the other models hold: its own limit
+# goes through ComfyUI's release call past Viking's eviction guard (which refuses only evictions
+# for other models). ComfyUI's release here gives what it is asked for and keeps count.
+class ReleasingPatcher(GivingPatcher):
+    def partially_unload_ram(self, ram_to_unload, subsets=None):
+        given = min(int(ram_to_unload), self.staged_ram)
+        self.staged_ram -= given
+        return given
+
+
+limited, unpinned = (ReleasingPatcher(torch.nn.Linear(8, 8), load_device=torch.device("cpu"),
+                                      offload_device=torch.device("cpu")) for _ in range(2))
+lifecycle.attach(limited, lifecycle.PinSettings(label="budget 1 GiB", backend="os-lock", headroom_gib=0.0,
+                                                priority=5, model_limit_gib=1.0))
+mm.current_loaded_models[:0] = [mm.LoadedModel(limited), mm.LoadedModel(unpinned)]
+limited.staged_ram, unpinned.staged_ram = 3 << 30, 2 << 30  # staging above its limit; another model has some too
+eviction_refused = limited.partially_unload_ram(MIB) == 0  # ComfyUI's eviction for another model: refused
+dynamic.after_event(limited, models.get(lifecycle.owner_of(limited)))  # the model's next event
+checks[f"budget_gib bounds staging beside a second model: eviction for others refused {eviction_refused}, "
+       f"staging after its own event {limited.staged_ram >> 20} MiB (limit 1024), the other's untouched "
+       f"{unpinned.staged_ram >> 20} MiB"] = (
+    eviction_refused and limited.staged_ram == 1 << 30 and unpinned.staged_ram == 2 << 30)
+mm.current_loaded_models[:] = loaded_before
+lifecycle.forget(lifecycle.owner_of(limited))
 comfy.memory_management.aimdo_enabled = False
 
 # --- Viking's own time at ComfyUI's events (the status) ---------------------------------------

@@ -37,7 +37,15 @@ class StagingPatcher(comfy.model_patcher.ModelPatcher):
     pinned_memory_size = loaded_ram_size
 
     def partially_unload_ram(self, ram_to_unload, subsets=None):
-        return 0
+        """ComfyUI's release of staging copies: module by module until enough is given back."""
+        freed = 0
+        for module in self.model.modules():
+            if freed >= ram_to_unload:
+                break
+            if seam.staged(module):
+                freed += sum(t.nbytes for t in module.parameters(recurse=False))
+                unstage(module)
+        return freed
 
     unregister_inactive_pins = partially_unload_ram
 

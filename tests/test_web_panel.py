@@ -111,5 +111,9 @@ def test_panel_shows_the_pinned_model_in_a_real_browser(server, tmp_path):
             page.wait_for_function("async () => (await (await fetch('/viking/engine')).json()).engine_mode === true", timeout=30_000)
             page.evaluate("() => window.app.extensionManager.setting.set('Viking.EngineMode', false)")
             page.wait_for_function("async () => (await (await fetch('/viking/engine')).json()).engine_mode === false", timeout=30_000)
+            # The shared RAM headroom lives in the settings dialog: a change there reaches the server.
+            page.evaluate("() => window.app.extensionManager.setting.set('Viking.HeadroomGiB', 6)")
+            page.wait_for_function("async () => (await (await fetch('/viking/headroom')).json()).headroom_gib === 6", timeout=30_000)
+            assert request(server, "GET", "/viking/headroom")[1] == {"headroom_gib": 6.0, "source": "settings dialog"}
         finally:
             browser.close()

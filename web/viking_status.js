@@ -22,6 +22,23 @@ app.registerExtension({
           body: JSON.stringify({ enabled: Boolean(enabled) }),
         }).catch(() => {}),
     },
+    {
+      id: "Viking.HeadroomGiB",
+      category: ["Viking Engine", "Budget", "RAM headroom"],
+      name: "RAM headroom: GiB that Viking's pins always leave free for everything else (0 = auto, 20% of RAM, 4-16 GiB)",
+      type: "number",
+      attrs: { min: 0, max: 4096, step: 0.5 },
+      defaultValue: 0,
+      // The server reads the saved value itself at start; only a change the user makes is sent.
+      onChange: (gib, previous) => {
+        if (previous === undefined) return;
+        fetch("/viking/headroom", {
+          method: "POST",
+          headers: { "Content-Type": "application/json" },
+          body: JSON.stringify({ headroom_gib: Number(gib) || 0 }),
+        }).catch(() => {});
+      },
+    },
   ],
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!VIKING_NODES.includes(nodeData.name)) return;

@@ -336,6 +336,12 @@ impl Engine {
         Ok(())
     }
 
+    /// Changes only the shared headroom (None: auto), leaving the limit and the device as they
+    /// are: the headroom comes from ComfyUI's settings dialog or a node, the rest from elsewhere.
+    pub fn set_headroom(&self, headroom_bytes: Option<u64>) {
+        self.lock().policy.headroom_bytes = headroom_bytes;
+    }
+
     fn oslock(&self) -> Option<Arc<OsLock>> {
         self.oslock.clone()
     }
