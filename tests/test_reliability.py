@@ -212,6 +212,12 @@ def test_unpin_interrupt_and_cache_drop_while_sampling(server):
             answer = post(server, "/viking/unpin", {"all": True})
             assert answer.get("deferred") == "unpin every model" and "released_bytes" not in answer, answer
             assert server.get("/viking/status")["deferred_changes"] == ["unpin every model"]
+            # The pages are really still locked in the server while the prompt runs (not only
+            # the bookkeeping says so), then really released once the change is applied.
+            still_running = server.get("/queue")["queue_running"]
+            locked_during = locked_bytes(server.pid)
+            if still_running and server.get("/viking/status")["deferred_changes"]:
+                assert locked_during >= baseline["pinned_bytes"], (locked_during, baseline["pinned_bytes"])
         elif action == "interrupt":
             post(server, "/interrupt", {})
         else:
@@ -225,6 +231,9 @@ def test_unpin_interrupt_and_cache_drop_while_sampling(server):
             assert wait_for(lambda: not server.get("/viking/status")["deferred_changes"]), "the unpin never ran"
             applied = [c for c in server.get("/viking/status")["applied_changes"] if c["change"] == "unpin every model"]
             assert applied and applied[-1]["applied"] in ("on the execution thread", "after the prompt"), applied
+            released_status = server.get("/viking/status")
+            assert released_status["pinned_bytes"] < baseline["pinned_bytes"] and locked_bytes(server.pid) < baseline["pinned_bytes"], (
+                released_status["pinned_bytes"], locked_bytes(server.pid))
         # (ComfyUI applies /free once idle, and models drop on its garbage collection: settle.)
         assert wait_for(lambda: consistent(server)[1]), action
         # ComfyUI keeps running, and the next run pins the model again, once.
