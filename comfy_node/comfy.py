@@ -80,26 +80,34 @@ def host() -> Host:
     notes = []
     if dynamic_vram_enabled():
         mode = "dynamic"
+        bounds = ("which bounds the RAM its staging takes (--fast-disk)" if _ceiling_bounds_staging_ram(mm) else
+                  "which bounds its registrations; the RAM its staging takes is bounded by ComfyUI's own check "
+                  "of available RAM")
         notes.append("dynamic VRAM mode: ComfyUI stages the weights itself from read-only file mappings; Viking "
-                     "sets its pin ceiling from the budget and keeps pinned models' checkpoint pages in RAM")
+                     f"sets its pin ceiling from the budget, {bounds}, and keeps pinned models' checkpoint pages "
+                     "in RAM")
     elif getattr(mm, "cpu_state", None) == getattr(getattr(mm, "CPUState", None), "CPU", object()):
         mode = "cpu"
     else:
         mode = "static"
     if not _partially_load_takes_extra_memory():
         notes.append("ModelPatcher.partially_load has no extra_memory parameter: the VRAM cap stands aside")
-    if mode == "dynamic" and _pin_budget_ignores_ceiling(mm):
-        notes.append("this ComfyUI checks its pin budget against available RAM only (its fast-disk pin subsets): "
-                     "Viking's budget bounds ComfyUI's registrations, not the RAM its staging takes")
     return Host(version=_version(), mode=mode, notes=tuple(notes))
 
 
-def _pin_budget_ignores_ceiling(mm) -> bool:
-    """ComfyUI after 0.35 (per-model fast disk, FAST_PIN_SUBSETS in model_management): its
-    ensure_pin_budget compares available RAM only, no longer MAX_PINNED_MEMORY, so the ceiling
-    Viking sets bounds registrations (ensure_pin_registerable) but not the staging's RAM.
-    Decided by the attribute that came with that change, not by a version number."""
-    return hasattr(mm, "FAST_PIN_SUBSETS")
+def _ceiling_bounds_staging_ram(mm) -> bool:
+    """Whether ComfyUI checks the RAM its staging takes against its pin ceiling: 0.33's
+    ensure_pin_budget does under --fast-disk only (otherwise it checks available RAM); after
+    0.35 it never does (model_management.py at Comfy-Org/ComfyUI 02b2b38). Decided from what
+    the function reads, not from a version number."""
+    code = getattr(getattr(mm, "ensure_pin_budget", None), "__code__", None)
+    if code is None or not {"MAX_PINNED_MEMORY", "fast_disk"} <= set(code.co_names):
+        return False
+    try:
+        from comfy.cli_args import args
+    except ImportError:
+        return False
+    return bool(getattr(args, "fast_disk", False))
 
 
 # --- models and their weights -------------------------------------------------------------------
@@ -544,6 +552,42 @@ def staged_bytes(patcher) -> tuple[int, int]:
     return int(patcher.loaded_ram_size()), int(patcher.pinned_memory_size())
 
 
+def _pin_state(patcher):
+    """The dynamic patcher's pin state for its load device ({subset: (hostbuf, stack,
+    stack_split, [registered bytes], ...)} in model_patcher.py of 0.33.0), or None."""
+    try:
+        state = patcher.model.dynamic_pins[patcher.load_device]
+    except (AttributeError, KeyError, TypeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _default_subsets(method):
+    """The default of a staging call's `subsets` parameter (the subsets ComfyUI's own callers
+    act on), or None when it takes none."""
+    try:
+        default = inspect.signature(method).parameters["subsets"].default
+    except (TypeError, ValueError, KeyError):
+        return None
+    return list(default) if isinstance(default, (list, tuple)) else None
+
+
+def releasable_registrations(patcher) -> int:
+    """Registered bytes of this model that ComfyUI's registration eviction can release: the
+    subsets unregister_inactive_pins acts on by default. After 0.35 the "-fast" subsets are
+    registered too (pinned_memory_size counts them) but only ever freed, never unregistered
+    (model_patcher.py at Comfy-Org/ComfyUI 08d0e51): counting them would keep a model of
+    higher priority refusing for ever."""
+    state = _pin_state(patcher)
+    subsets = _default_subsets(type(patcher).unregister_inactive_pins)
+    if state is None or subsets is None:
+        return int(patcher.pinned_memory_size())
+    try:
+        return sum(int(state[subset][3][0]) for subset in subsets if subset in state)
+    except (IndexError, TypeError, ValueError):
+        return int(patcher.pinned_memory_size())
+
+
 _own_limit = threading.local()  # set while a model's own budget_gib gives its staging back
 
 
@@ -552,8 +596,14 @@ def drop_staging(patcher, nbytes: int) -> int:
     through any other pack's wrappers). Past Viking's eviction guard: that guard keeps a model's
     staging from *other* models' needs; this is the model's own limit, which must bind whatever
     the other models hold. Execution thread only."""
+    # Only the weights subsets (those loaded_ram_size counts), in ComfyUI's order: its default
+    # also frees copies of LoRA patches first, which would leave the staging above the limit.
+    state = _pin_state(patcher) or {}
+    subsets = [s for s in _default_subsets(type(patcher).partially_unload_ram) or () if s in STAGING_SUBSETS and s in state]
     _own_limit.active = True
     try:
+        if subsets:
+            return int(patcher.partially_unload_ram(nbytes, subsets=subsets))
         return int(patcher.partially_unload_ram(nbytes))
     finally:
         _own_limit.active = False

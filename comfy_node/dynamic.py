@@ -78,8 +78,9 @@ def _refuse_for(owner: int):
             others = []
             for patcher in comfy.loaded_dynamic_patchers():
                 if comfy.owner_of(patcher) != owner:
-                    ram, registered = comfy.staged_bytes(patcher)
-                    others.append((_priority_of(patcher), ram if kind == "ram" else registered))
+                    nbytes = (comfy.staged_bytes(patcher)[0] if kind == "ram"
+                              else comfy.releasable_registrations(patcher))
+                    others.append((_priority_of(patcher), nbytes))
             return refuses(record.settings.priority, others)
     return refuse
 

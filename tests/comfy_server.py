@@ -275,6 +275,11 @@ class ComfyServer:
         """GET `path` (e.g. "/object_info/KSampler", "/system_stats") and decode the JSON."""
         return self._request(path, timeout=timeout)
 
+    def get_text(self, path, timeout=30):
+        """GET `path` (a static file, e.g. an extension's help page) as text."""
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            return r.read().decode("utf-8")
+
     def object_info(self):
         if self._object_info is None:
             self._object_info = self.get("/object_info")

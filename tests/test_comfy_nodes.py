@@ -80,6 +80,14 @@ def test_object_info_lists_every_node_with_its_inputs(server):
     assert all(server.get(f"/object_info/{node_id}")[node_id]["output_node"] for node_id in PIN_IDS)
     unpin = server.get("/object_info/VikingUnpin")["VikingUnpin"]["input"]["optional"]
     assert set(unpin) == {"model", "clip", "vae", "everything"}
+    # Help pages (the frontend's node docs panel reads WEB_DIRECTORY/docs/<node id>.md): served, and
+    # naming every input the node has.
+    for node_id in NODE_IDS:
+        info = server.get(f"/object_info/{node_id}")[node_id]["input"]
+        page = server.get_text(f"/extensions/viking_engine/docs/{node_id}.md")
+        assert page.startswith(f"# {server.get(f'/object_info/{node_id}')[node_id]['display_name']}\n"), page[:80]
+        for name in [*info.get("required", {}), *info.get("optional", {})]:
+            assert f"**{name}**" in page, (node_id, name)
     templates = server.get("/workflow_templates")
     assert sorted(templates["viking_engine"]) == ["viking_flux", "viking_lowvram", "viking_pin_checkpoint", "viking_sdxl",
                                                   "viking_two_models", "viking_wan22_two_experts"]
