@@ -340,3 +340,16 @@ def test_readme_figures_are_the_files_figures(name):
     missing = [text for text in FIGURES[name]() if text not in README]
     assert not missing, f"the README does not quote these figures of {name} as the file has them: {missing}"
     assert f"`{load(name)['commit']}`" in README, f"the README does not say which commit {name} measured"
+
+
+def test_every_relative_link_of_the_docs_resolves():
+    """Links and pictures in the README and docs/ point at files that exist (a path relative to
+    the page, as GitHub and the registry resolve it)."""
+    broken = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "web" / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            if not (page.parent / target.split("#")[0]).exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken, broken

@@ -69,36 +69,42 @@ def test_panel_shows_the_pinned_model_in_a_real_browser(server, tmp_path):
             request(server, "POST", "/settings/Comfy.TutorialCompleted", True)
             page.goto(server.url)
             page.wait_for_selector("#viking-panel .viking-title", timeout=60_000)
-            # Nothing pinned yet: the panel says what to do.
+            # Nothing pinned yet: the panel says what to do. Folded at first: it covers no node.
             page.wait_for_selector("#viking-panel .viking-hint", timeout=30_000)
+            assert page.evaluate("() => document.getElementById('viking-panel').dataset.folded") == "1"
             # Run the example workflow the way a user does: load it into the graph, queue it.
             page.wait_for_function("window.app && window.app.graph", timeout=60_000)
             page.evaluate("wf => window.app.loadGraphData(wf)", workflow)
             page.evaluate("() => window.app.queuePrompt(0, 1)")
-            model_row = page.wait_for_selector("#viking-panel .viking-owner[data-label^='MODEL']", timeout=120_000)
+            # The sidebar's Viking tab, docked beside the canvas, has the whole status.
+            page.click(".viking-engine-tab-button")
+            model_row = page.wait_for_selector("#viking-sidebar .viking-owner[data-label^='MODEL']", timeout=120_000)
             assert int(model_row.get_attribute("data-pinned-bytes")) > 50e6
             page.wait_for_function(
                 "() => window.app.graph._nodes.some(n => n.type === 'VikingMemoryStatus' && "
                 "(n.widgets || []).some(w => w.name === 'viking_text' && String(w.value).includes('pinned')))",
                 timeout=120_000)
-            panel_text = page.inner_text("#viking-panel")
-            assert "Budget" in panel_text and "RAM" in panel_text and "Swap" in panel_text
-            # The verdict first (the status text's first line).
-            assert "page-locked: safe from swap" in page.inner_text("#viking-panel .viking-title"), panel_text
-            labels = page.eval_on_selector_all("#viking-panel .viking-owner", "rows => rows.map(r => r.dataset.label)")
+            sidebar_text = page.inner_text("#viking-sidebar")
+            assert "Budget" in sidebar_text and "RAM" in sidebar_text and "Swap" in sidebar_text
+            # The verdict first (the status text's first line), in both places.
+            for place in ("#viking-sidebar", "#viking-panel"):
+                assert "page-locked: safe from swap" in page.inner_text(f"{place} .viking-title"), sidebar_text
+            labels = page.eval_on_selector_all("#viking-sidebar .viking-owner", "rows => rows.map(r => r.dataset.label)")
             assert {label.split()[0] for label in labels} == {"MODEL", "CLIP", "VAE"}
+            assert page.eval_on_selector_all("#viking-panel .viking-owner", "rows => rows.length") == 0  # still folded
             page.wait_for_timeout(500)
             shot = Path(SCREENSHOT) if SCREENSHOT else tmp_path / "ui_panel.png"
             shot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(shot))
             assert shot.stat().st_size > 10_000
 
-            # A click on the first line folds the panel to it, another unfolds it.
+            # A click on the floating line's first line unfolds it, another folds it again.
+            page.click("#viking-panel .viking-title")
+            page.wait_for_selector("#viking-panel .viking-owner", timeout=10_000)
+            assert "Budget" in page.inner_text("#viking-panel")
             page.click("#viking-panel .viking-title")
             page.wait_for_function("() => document.getElementById('viking-panel').dataset.folded === '1'", timeout=10_000)
             assert page.eval_on_selector_all("#viking-panel .viking-owner", "rows => rows.length") == 0
-            page.click("#viking-panel .viking-title")
-            page.wait_for_selector("#viking-panel .viking-owner", timeout=10_000)
             # The settings dialog's switch hides and shows it.
             page.evaluate("() => window.app.extensionManager.setting.set('Viking.ShowPanel', false)")
             page.wait_for_function("() => document.getElementById('viking-panel').style.display === 'none'", timeout=10_000)
