@@ -562,6 +562,24 @@ def _pin_state(patcher):
     return state if isinstance(state, dict) else None
 
 
+def fast_disk(patcher):
+    """Whether ComfyUI reads this model's weights that have a VRAM slot from the file at each
+    use instead of staging them: per model after 0.35 (the pin state's "fast_disk" that ops
+    reads, else the patcher's flag: comfy/storage.py and model_patcher.py at Comfy-Org/ComfyUI
+    2d656ac / 08d0e51), for every model under 0.33's --fast-disk. None outside ComfyUI."""
+    state = _pin_state(patcher)
+    if state is not None and "fast_disk" in state:
+        return bool(state["fast_disk"])
+    flag = getattr(patcher, "__dict__", {}).get("fast_disk")
+    if flag is not None:
+        return bool(flag)
+    try:
+        from comfy.cli_args import args
+    except ImportError:
+        return None
+    return bool(getattr(args, "fast_disk", False))
+
+
 def _default_subsets(method):
     """The default of a staging call's `subsets` parameter (the subsets ComfyUI's own callers
     act on), or None when it takes none."""

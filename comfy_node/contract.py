@@ -171,6 +171,8 @@ class DynamicModel(TypedDict):
     checkpoint_bytes: int
     kept_in_current_prompt: bool
     pin_ceiling_bytes: int
+    file_residency: bool  # the node's file_residency: Viking keeps the file pages this model reads
+    fast_disk: Optional[bool]  # ComfyUI reads its weights with a VRAM slot from the file at each step (None: outside ComfyUI)
 
 
 class ComfyHost(TypedDict):

@@ -153,4 +153,4 @@ def summary(patcher, record) -> dict:
             "file_view_resident_bytes": sum(r or 0 for r in resident), "checkpoint_resident_bytes": checkpoint_resident,
             "checkpoint_bytes": sum(length for _, length in comfy.mapped_storage_spans(patcher)),
             "kept_in_current_prompt": record.settings.priority > 0, "pin_ceiling_bytes": comfy.pin_ceiling(),
-            "file_residency": record.settings.file_residency}
+            "file_residency": record.settings.file_residency, "fast_disk": comfy.fast_disk(patcher)}

@@ -14,7 +14,7 @@ def human(nbytes: float) -> str:
 
 # What a person can change when weights were left unpinned for a reason (plan.rs SkipReason names).
 ADVICE = {
-    "over_budget": "raise the node's budget_gib, or lower headroom_gib if the machine can spare the RAM",
+    "over_budget": "raise the node's budget_gib, or lower the RAM headroom ({headroom}) if the machine can spare the RAM",
     "lock_limit": "raise the locked-memory limit: docker run --ulimit memlock=-1 (or --cap-add IPC_LOCK), "
                   "systemd LimitMEMLOCK=infinity",
 }
@@ -42,7 +42,10 @@ def verdict(status: dict) -> str:
     binding = max((r for r in skipped if r in ADVICE), key=skipped.get, default=None)
     if binding is not None:
         why = status["budget"]["reason"] if binding == "over_budget" else "the locked-memory limit (ulimit -l)"
-        text += f" {human(skipped[binding])} left out: {why}. To pin it: {ADVICE[binding]}."
+        # The shared headroom is set where it was set last: a variable fixes it, else the dialog.
+        headroom = ("VIKING_HEADROOM_GIB" if status.get("headroom_source") == "VIKING_HEADROOM_GIB"
+                    else "Settings > Viking Engine > RAM headroom")
+        text += f" {human(skipped[binding])} left out: {why}. To pin it: {ADVICE[binding].format(headroom=headroom)}."
     return text
 
 
@@ -74,6 +77,9 @@ def status_text(status: dict) -> str:
             lines.append(f"    ComfyUI staged {human(dynamic['staged_bytes'])} ({human(dynamic['staged_pinned_bytes'])} pinned); "
                          f"checkpoint in RAM {human(dynamic['checkpoint_resident_bytes'])} of {human(dynamic['checkpoint_bytes'])}"
                          + ("" if dynamic.get("file_residency", True) else "; its file pages not kept (file_residency off)"))
+            if dynamic.get("fast_disk"):
+                lines.append("    ComfyUI reads this model's weights that have a VRAM slot from its file at each step (fast disk)"
+                             + ("; Viking keeps those file pages in RAM" if dynamic.get("file_residency", True) else ""))
         for note in owner.get("notes", []):
             lines.append(f"    {note}")
         if owner.get("standing_aside"):

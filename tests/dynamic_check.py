@@ -44,6 +44,7 @@ import comfy.model_patcher  # noqa: E402
 from comfy_node import comfy as seam, dynamic, lifecycle, models, nodes  # noqa: E402
 from dynamic_cpu import StagingPatcher, enter_dynamic_mode, mapped_model, stage, unstage  # noqa: E402
 from comfy_node.native import require  # noqa: E402
+from comfy_node import contract  # noqa: E402
 from comfy_node.report import status_text  # noqa: E402
 
 native = require()
@@ -159,6 +160,9 @@ checks["file_residency off: nothing pinned, no view, nothing locked"] = (
     and locked_bytes() - off_before < MIB)
 checks["file_residency off: the status says so"] = (
     off_entry["dynamic"]["file_residency"] is False and "file_residency off" in status_text(lifecycle.status()))
+checks["the dynamic status per model has the contract's keys; no fast disk without --fast-disk"] = (
+    contract.key_mismatches(off_entry["dynamic"], contract.DynamicModel) == [] and off_entry["dynamic"]["fast_disk"] is False
+    and "(fast disk)" not in status_text(lifecycle.status()))
 on_report = lifecycle.attach(off, dataclasses.replace(off_settings, file_residency=True))  # the node run again, switched on
 native.settle()
 checks["file_residency on again: the same model's pages pinned at once"] = (

@@ -142,3 +142,15 @@ def test_a_module_staged_under_the_fast_subset_counts_as_staged():
     module = types.SimpleNamespace(_pins={"weights-fast": {"pin": object(), "registered": True}})
     assert comfy.staged(module)
     assert not comfy.staged(types.SimpleNamespace(_pins={"weights-fast": {"registered": False}}))
+
+
+def test_a_fast_disk_model_is_named_as_one(cli_args):
+    # 08d0e51: ops reads the pin state's "fast_disk", written at the model's first load from the
+    # patcher's flag (storage.state_dict_fast_disk at 2d656ac); 0.33: --fast-disk, for every model.
+    later = _Patcher08d0e51({})
+    later.model.dynamic_pins["cuda:0"]["fast_disk"] = True
+    assert comfy.fast_disk(later) is True
+    older = _Patcher033({})
+    assert comfy.fast_disk(older) is False
+    cli_args.fast_disk = True
+    assert comfy.fast_disk(older) is True

@@ -10,4 +10,4 @@ from conftest import run_checks
 
 @pytest.mark.host("0.33")
 def test_dynamic_mode_parts_without_a_gpu(tmp_path):
-    run_checks(comfy_install("0.33"), "dynamic_check.py", tmp_path, expected=41)
+    run_checks(comfy_install("0.33"), "dynamic_check.py", tmp_path, expected=42)

@@ -24,7 +24,11 @@ def test_all_pinned_is_safe_from_swap_or_the_pagefile():
 
 def test_what_binds_and_what_to_change():
     text = verdict(status([owner(1 << 30, 3 << 30, [("over_budget", 2 << 30), ("too_small", 1 << 10)])]))
-    assert "2.0 GiB left out: limited by headroom: 4.0 GiB must stay free" in text and "lower headroom_gib" in text
+    assert "2.0 GiB left out: limited by headroom: 4.0 GiB must stay free" in text
+    assert "lower the RAM headroom (Settings > Viking Engine > RAM headroom)" in text
+    fixed = status([owner(1 << 30, 3 << 30, [("over_budget", 2 << 30)])])
+    fixed["headroom_source"] = "VIKING_HEADROOM_GIB"  # a variable fixes it: the dialog cannot change it
+    assert "lower the RAM headroom (VIKING_HEADROOM_GIB)" in verdict(fixed)
     text = verdict(status([owner(8 << 20, 3 << 30, [("lock_limit", 3 << 30)])]))
     assert "locked-memory limit (ulimit -l)" in text and "--ulimit memlock=-1" in text
 
