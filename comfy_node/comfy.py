@@ -383,9 +383,37 @@ def wrap_instance_method(patcher, name: str, make_body) -> bool:
         return body(this, *args, **kwargs)
 
     wrapper._viking = True
+    wrapper._viking_previous = current  # another pack's instance wrapper under Viking's, if any
     wrapper.__name__ = name
     setattr(patcher, name, wrapper)
+    _leave_wrappers_out_of_copies(patcher)
     return True
+
+
+def _leave_wrappers_out_of_copies(patcher):
+    """A copy of the patcher (copy.copy, deepcopy, pickle) is another patcher, which Viking does
+    not know: it gets the instance dict without Viking's wrappers (each bound to the original),
+    with any other pack's wrapper under them put back. copy reads __getstate__ through the
+    instance, so this stays on the one patcher; ComfyUI's clone() makes a new patcher instead
+    and gets Viking's wrappers through ON_CLONE."""
+    if getattr(vars(patcher).get("__getstate__"), "_viking", False):
+        return
+    weak = weakref.ref(patcher)  # weakly, as the wrappers: no reference cycle keeps a patcher alive
+
+    def __getstate__():
+        state = {}
+        for key, value in vars(weak()).items():
+            if key == "__getstate__":
+                continue
+            while getattr(value, "_viking", False):
+                value = value._viking_previous
+            if value is not None:
+                state[key] = value
+        return state
+
+    __getstate__._viking = True
+    __getstate__._viking_previous = None
+    patcher.__getstate__ = __getstate__
 
 
 def _finalizing_patcher(name: str, wrapper):

@@ -53,3 +53,41 @@ def test_an_instance_wrapper_calls_the_class_method_as_it_is_at_call_time():
     original = Patcher.load
     Patcher.load = lambda self, x: ["other node"] + original(self, x)  # a later class-level patch
     assert patcher.load(2) == ["viking", "other node", "original", 2]
+
+
+def test_a_copy_of_a_wrapped_patcher_is_a_patcher_of_its_own():
+    """copy.copy / deepcopy of a pinned patcher: the copy gets no wrapper bound to the original
+    (its calls act on itself, as ComfyUI's own method), another pack's instance wrapper under
+    Viking's is kept, and the original keeps Viking's wrappers."""
+    import copy
+    import gc
+    import weakref
+
+    class Patcher:
+        def __init__(self, name):
+            self.name = name
+
+        def load(self, x):
+            return [self.name, x]
+
+        def unload(self, x):
+            return ["unload", self.name, x]
+
+    patcher = Patcher("original")
+    patcher.unload = lambda x: ["other pack"] + Patcher.unload(patcher, x)  # an instance wrapper of another pack
+    for name in ("load", "unload"):
+        comfy.wrap_instance_method(patcher, name, lambda inner: lambda this, x: ["viking"] + inner(this, x))
+    for copied in (copy.copy(patcher), copy.deepcopy(patcher)):
+        copied.name = "copy"
+        assert copied.load(1) == ["copy", 1]  # before: ["viking", "original", 1], the original's call
+        assert copied.unload(2)[0] == "other pack"
+        assert "__getstate__" not in vars(copied)
+    assert patcher.load(3) == ["viking", "original", 3]
+    # No reference cycle: the patcher goes with its last reference, as without Viking.
+    gone = weakref.ref(patcher)
+    gc.disable()
+    try:
+        del patcher, copied
+        assert gone() is None
+    finally:
+        gc.enable()
