@@ -103,11 +103,16 @@ def _ceiling_bounds_staging_ram(mm) -> bool:
     code = getattr(getattr(mm, "ensure_pin_budget", None), "__code__", None)
     if code is None or not {"MAX_PINNED_MEMORY", "fast_disk"} <= set(code.co_names):
         return False
+    return bool(_cli_flag("fast_disk"))
+
+
+def _cli_flag(name: str):
+    """One of ComfyUI's command-line flags (comfy.cli_args.args), or None outside ComfyUI."""
     try:
         from comfy.cli_args import args
     except ImportError:
-        return False
-    return bool(getattr(args, "fast_disk", False))
+        return None
+    return getattr(args, name, None)
 
 
 # --- models and their weights -------------------------------------------------------------------
@@ -599,23 +604,28 @@ def fast_disk(patcher):
     if state is not None and "fast_disk" in state:
         return bool(state["fast_disk"])
     flag = getattr(patcher, "__dict__", {}).get("fast_disk")
-    if flag is not None:
-        return bool(flag)
-    try:
-        from comfy.cli_args import args
-    except ImportError:
-        return None
-    return bool(getattr(args, "fast_disk", False))
+    if flag is None:
+        flag = _cli_flag("fast_disk")
+    return None if flag is None else bool(flag)
 
 
 def _default_subsets(method):
     """The default of a staging call's `subsets` parameter (the subsets ComfyUI's own callers
-    act on), or None when it takes none."""
+    act on), or None when it takes none. Cached per method: read at every eviction ComfyUI
+    asks about."""
+    try:
+        return _cached_default_subsets(method)
+    except TypeError:  # an unhashable callable in the class: read it each time
+        return _cached_default_subsets.__wrapped__(method)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_default_subsets(method):
     try:
         default = inspect.signature(method).parameters["subsets"].default
     except (TypeError, ValueError, KeyError):
         return None
-    return list(default) if isinstance(default, (list, tuple)) else None
+    return tuple(default) if isinstance(default, (list, tuple)) else None
 
 
 def releasable_registrations(patcher) -> int:
