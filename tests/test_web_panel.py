@@ -78,8 +78,11 @@ def test_panel_shows_the_pinned_model_in_a_real_browser(server, tmp_path):
             page.evaluate("() => window.app.queuePrompt(0, 1)")
             # The sidebar's Viking tab, docked beside the canvas, has the whole status.
             page.click(".viking-engine-tab-button")
-            model_row = page.wait_for_selector("#viking-sidebar .viking-owner[data-label^='MODEL']", timeout=120_000)
-            assert int(model_row.get_attribute("data-pinned-bytes")) > 50e6
+            # The row can show before the pin lands (0 B, then the bytes at the next poll): wait for the bytes.
+            page.wait_for_selector("#viking-sidebar .viking-owner[data-label^='MODEL']", timeout=120_000)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll(\"#viking-sidebar .viking-owner[data-label^='MODEL']\")]"
+                ".some(r => Number(r.dataset.pinnedBytes) > 50e6)", timeout=120_000)
             page.wait_for_function(
                 "() => window.app.graph._nodes.some(n => n.type === 'VikingMemoryStatus' && "
                 "(n.widgets || []).some(w => w.name === 'viking_text' && String(w.value).includes('pinned')))",
