@@ -25,6 +25,7 @@
 #               each, interleaved (one server per mode is as noisy as the differences)
 #   rounds1     the same for one model in ComfyUI's default dynamic mode
 #   rounds2     the same for two models in ComfyUI's default dynamic mode
+#   roundsfp8   the same for one fp8-scaled model (part fp8's model and VRAM), default dynamic mode
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
 #               0.33 static alone and with the Pin Model, as is, prefetch off, --disable-cuda-malloc
 #   staticorder the same, as is, after two dynamic-mode servers with Viking (as part dynamic runs it)
@@ -168,10 +169,14 @@ rounds_bench() {
         suffix=$([ $round = 1 ] || echo "#$round")
         for mode in "$@"; do modes+="${modes:+,}$mode$suffix"; done
     done
-    dynamic_bench "$result" "$modes"
+    dynamic_bench "$result" "$modes" ${ROUNDS_ARGS:-}
 }
 part_rounds() { rounds_bench gpu_dynamic_rounds.json dynamic_fastdisk_two dynamic_fastdisk_two_nodes; }
 part_rounds1() { rounds_bench gpu_dynamic_rounds_one.json dynamic dynamic_nodes; }
+# fp8-scaled, VRAM held to 4 GiB free as part fp8 does: alone and with the Pin Model, three servers each.
+part_roundsfp8() {
+    DYNAMIC_FREE_GIB=4 ROUNDS_ARGS="--format fp8_scaled" rounds_bench gpu_dynamic_rounds_fp8_scaled.json dynamic dynamic_nodes
+}
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
 static_probe() {  # RESULT_FILE ARGS...
     local result="$1"
@@ -201,5 +206,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|gguf|fastdisk|two|rounds|rounds1|rounds2|staticvram|staticorder|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|staticvram|staticorder|twocold]..." >&2; exit 2 ;;
 esac
