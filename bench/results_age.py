@@ -53,7 +53,6 @@ SOURCES = {
     "status_stall_cpu.json": NATIVE + ["bench/status_stall.py"],
     "gpu_dynamic_fp8_scaled.json": DYNAMIC_BENCH,
     "gpu_dynamic_gguf.json": DYNAMIC_BENCH,
-    "gpu_dynamic_rounds_fp8_scaled.json": DYNAMIC_BENCH,
     "gpu_probe_fp8_clone.json": DYNAMIC_BENCH,
     "gpu_memlock.json": NATIVE + ["comfy_node/weights.py", "bench/probes/memlock_cuda.py"],
     "gpu_cpu_flag_0_3_75.json": NATIVE + SERVER + ["tests/test_gpu_server.py"],
