@@ -22,7 +22,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from .weights import own_tensors, storage_parts
+from .weights import as_read, own_tensors, storage_parts
 
 log = logging.getLogger("viking_engine")
 
@@ -273,7 +273,7 @@ def streamed_modules(model) -> list:
     import torch
 
     def plain(tensor):
-        return tensor is not None and type(tensor.data) is torch.Tensor and tensor.device.type == "cpu"
+        return tensor is not None and type(as_read(tensor)) is torch.Tensor and tensor.device.type == "cpu"
 
     found = []
     for module in model.modules():

@@ -34,6 +34,10 @@ __all__ = ["PinSettings", "attach", "reconcile", "forget", "unpin", "unpin_owner
 KEY = "viking_engine"
 log = logging.getLogger("viking_engine")
 _unpin_count = 0  # bumped by every unpin: pin nodes re-run after one
+# Bumped by every native call that can change the ledger (a reconcile, a release): a model's
+# pins may have gone to another model's reconcile, so its unchanged ranges alone do not show
+# that nothing is left to do (_reconcile_ranges).
+_ledger_changes = 0
 
 HOOKS_NOTE = ("no pinned home and no prefetch: hook patches (CreateHookLora, SetClipHooks, scheduled hooks) "
               "rewrite these weights in place during sampling; ComfyUI's own paths carry them")
@@ -85,7 +89,7 @@ def reconcile(patcher) -> dict | None:
         problem = comfy.dynamic_internals_problem(patcher)
         if problem is not None:
             _drop_streaming(record)
-            native.release(record.owner)
+            _release(native, record.owner)
             record.last_report = {"owner": record.owner, "pinned_bytes": 0, "wanted_bytes": 0, "standing_aside": problem}
             return record.last_report
         # Weights stay in ComfyUI's mapping and stream through its own staging: no home, no
@@ -103,7 +107,7 @@ def reconcile(patcher) -> dict | None:
         # side locks file pages on its own thread): the next reconcile pins again / reports it.
         lost = (gate.pressure_releases, native.deferred_failures())
         state = lost + (record.sampled, comfy.staged_bytes(patcher), id(comfy.torch_model(patcher)))
-        more_fits = _budget_may_fit_more(native, record)
+        more_fits = _budget_may_fit_more(native, record.last_report)
         if more_fits or state != record.dynamic_state:
             ranges = dynamic.file_ranges(patcher, record)
             signature = lost + tuple((r[0], r[1]) for r in ranges)
@@ -143,10 +147,9 @@ def reconcile(patcher) -> dict | None:
 ROOM_STEP_BYTES = 64 << 20
 
 
-def _budget_may_fit_more(native, record: ModelRecord) -> bool:
-    """Whether a plan now could pin more of this model than its last one (dynamic mode): never
-    planned, or left incomplete and the budget has grown (or is exceeded) since."""
-    last = record.last_report
+def _budget_may_fit_more(native, last: dict | None) -> bool:
+    """Whether a plan now could pin more of a model than its last one (`last`, its last native
+    report): never planned, or left incomplete and the budget has grown (or is exceeded) since."""
     if last is None or "budget" not in last:
         return True
     if last.get("pinned_bytes") == last.get("wanted_bytes"):
@@ -165,20 +168,38 @@ def _note_hooks(record: ModelRecord, patcher):
 
 
 def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=()) -> dict:
+    """The native reconcile of the model's host ranges now; skipped (its last report, nothing
+    done) when its input and the ledger are as at its last call and the budget has no room for
+    more: ComfyUI fires about seven events a prompt that move nothing, and the native call
+    reads the process's memory map, RAM figures and lock count each time (measured on an H200:
+    130-207 ms a prompt for a 5 GB fp8-scaled model in static mode, bench/probes/static_event_cost.py)."""
+    global _ledger_changes
     settings = record.settings
     found = host_ranges(host_weights(patcher))
     _note_weights_left(record, found.left_to_comfyui)
     ranges, pinned_elsewhere = found.ranges + list(extra_ranges), found.pinned_elsewhere
     comfy_ranges, comfy_total = comfy.foreign_pins()
-    report = json.loads(native.reconcile(
-        record.owner, ranges,
-        priority=settings.priority,
-        backend=backend_for(settings.backend, patcher),
-        label=settings.label,
-        model_limit_gib=settings.model_limit_gib,
-        foreign=pinned_elsewhere + comfy_ranges,
-        others_pinned_bytes=comfy_total,
-    ))
+    backend = backend_for(settings.backend, patcher)
+    foreign = pinned_elsewhere + comfy_ranges
+    signature = (gate.pressure_releases, native.deferred_failures(), backend, settings.priority, settings.label,
+                 settings.model_limit_gib, comfy_total, tuple(foreign), tuple((r[0], r[1]) for r in ranges))
+    last = record.native_report
+    if (last is not None and record.native_signature == (_ledger_changes, signature) and not last["pending_bytes"]
+            and not _budget_may_fit_more(native, last)):
+        report = {**last, "newly_pinned_bytes": 0, "released_bytes": 0, "regions_registered": 0, "failures": [],
+                  "evicted": []}
+    else:
+        report = json.loads(native.reconcile(
+            record.owner, ranges,
+            priority=settings.priority,
+            backend=backend,
+            label=settings.label,
+            model_limit_gib=settings.model_limit_gib,
+            foreign=foreign,
+            others_pinned_bytes=comfy_total,
+        ))
+        _ledger_changes += 1
+        record.native_report, record.native_signature = dict(report), (_ledger_changes, signature)
     if set(found.bytes_by_kind) - {PLAIN} and KINDS_NOTE not in record.notes:
         record.notes.append(KINDS_NOTE)
     record.weight_kinds = {"bytes_by_kind": found.bytes_by_kind,
@@ -339,7 +360,7 @@ def _stand_aside(native, record: ModelRecord, why: str) -> dict:
     """Nothing of this model stays pinned; the status and the node's text say why (the prompt
     goes on as ComfyUI alone would run it). Later events try again, and say a failure once."""
     _drop_streaming(record)
-    native.release(record.owner)
+    _release(native, record.owner)
     warn_once(record, why)
     record.last_report = {"owner": record.owner, "pinned_bytes": 0, "wanted_bytes": 0, "standing_aside": why}
     return record.last_report
@@ -365,7 +386,14 @@ def forget(owner: int) -> int:
             _drop_streaming(record)
             if record.finalizer is not None:
                 record.finalizer.detach()
-        return require().release(owner)
+        return _release(require(), owner)
+
+
+def _release(native, owner: int) -> int:
+    """Releases one owner's pins (the ledger changes: see _ledger_changes)."""
+    global _ledger_changes
+    _ledger_changes += 1
+    return native.release(owner)
 
 
 def _forget_dropped(owner: int):
@@ -380,12 +408,13 @@ def unpin(patcher=None) -> int:
     """Releases one model's pins and forgets it (its callbacks then do nothing), or every
     model's. For the execution thread (the Unpin node); other threads go through gate.submit.
     Returns bytes released."""
-    global _unpin_count
+    global _unpin_count, _ledger_changes
     _unpin_count += 1
     if patcher is not None:
         return forget(comfy.owner_of(patcher))
     with gate.lock:
         released = sum(forget(owner) for owner in models.owners())
+        _ledger_changes += 1
         return released + require().release_all()
 
 

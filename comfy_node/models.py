@@ -38,6 +38,8 @@ class ModelRecord:
     hooks_seen: bool = False  # hook patches met once: home and prefetch stay off for it
     file_views: dict = field(default_factory=dict)  # fd -> (native FileView, file offset): dynamic mode's residency
     dynamic_signature: tuple = ()  # the mapped ranges last reconciled (dynamic mode)
+    native_report: dict | None = None  # the last native reconcile's report, and its input with the
+    native_signature: tuple = ()  # ledger's change count then (lifecycle._reconcile_ranges)
     dynamic_state: tuple = ()  # ComfyUI's staging totals and the model when they were last walked
     sampled: bool = False  # dynamic mode: sampled once, so ComfyUI's staging of it is decided
     notes: list[str] = field(default_factory=list)  # what stands aside for this model, and why

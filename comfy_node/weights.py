@@ -116,7 +116,17 @@ def own_tensors(module) -> list:
     return [t for table in (own.get("_parameters") or {}, own.get("_buffers") or {}) for t in table.values() if t is not None]
 
 
+def as_read(tensor):
+    """A weight as the walk reads it: a plain parameter's `.data` (the same storage, no autograd);
+    any other weight as it is. `.data` of a wrapper subclass is a detach, and comfy-kitchen's
+    QuantizedTensor answers that with a copy whose scales are cloned: new storages at every
+    walk, which the engine would pin while the model's own scales stayed unpinned."""
+    from torch.nn import Parameter
+
+    return tensor.data if issubclass(type(tensor), Parameter) else tensor
+
+
 def module_tensors(module) -> list:
-    """Parameters and buffers of a torch module and its children, as plain tensors (a tensor two
-    modules share comes twice: cpu_storage_ranges counts each storage once)."""
-    return [t.data if hasattr(t, "data") else t for child in module.modules() for t in own_tensors(child)]
+    """Parameters and buffers of a torch module and its children (a tensor two modules share
+    comes twice: cpu_storage_ranges counts each storage once)."""
+    return [as_read(t) for child in module.modules() for t in own_tensors(child)]

@@ -1,0 +1,137 @@
+"""What one ComfyUI event costs Viking in static mode (0.3.x, or 0.33 with
+--disable-dynamic-vram), on the CPU: `lifecycle.reconcile` of a pinned Flux-shaped model whose
+linear weights are in the legacy fp8-scaled layout (ComfyUI 0.33 loads them as comfy-kitchen
+QuantizedTensor weights), loaded by ComfyUI's own loader, after the first reconcile pinned it:
+the events of a prompt that move nothing. Medians of 200 events after 5 untimed, and the native
+reconciles those events made. Side by side in one run: this tree and, with --baseline DIR, the
+comfy_node/ of another checkout (each in its own process, alternating, two rounds each).
+
+usage: python bench/probes/static_event_cost.py COMFY_0_33_DIR OUT.json [--depth 2] [--baseline DIR --baseline-commit C]
+       (ComfyUI 0.33's Python)
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EVENTS = 200
+
+
+def arg(name, default):
+    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+def measure(comfy_dir: str, code_root: str, model_path: str):
+    """In this process: the model loaded by ComfyUI, pinned with `code_root`'s comfy_node."""
+    sys.path[:0] = [code_root, os.path.join(ROOT, "bench")]
+    import flux_model
+
+    flux_model.start_comfy(comfy_dir, cpu=True)
+    sys.path.insert(0, code_root)  # start_comfy put this repository first: the code measured goes before it
+    import comfy.sd
+
+    from comfy_node import lifecycle
+    from comfy_node.native import require
+
+    assert os.path.dirname(os.path.dirname(os.path.abspath(lifecycle.__file__))) == os.path.abspath(code_root)
+    native = require()
+    native.configure(headroom_gib=0.0)
+    patcher = comfy.sd.load_diffusion_model(model_path)
+    calls = {"reconcile": 0}
+    inner = native.reconcile
+
+    def counted(*args, **kwargs):
+        calls["reconcile"] += 1
+        return inner(*args, **kwargs)
+
+    native.reconcile = counted  # the probe's own count; lifecycle calls the module's attribute
+    first = lifecycle.attach(patcher, lifecycle.PinSettings(label="static event cost", backend="os-lock", headroom_gib=0.0))
+    for _ in range(5):
+        lifecycle.reconcile(patcher)
+    calls["reconcile"] = 0
+    times = []
+    for _ in range(EVENTS):
+        start = time.perf_counter()
+        report = lifecycle.reconcile(patcher)
+        times.append((time.perf_counter() - start) * 1000)
+    weights = sum(1 for _ in patcher.model.parameters())
+    kinds = getattr(lifecycle.record_of(patcher), "weight_kinds", {}).get("bytes_by_kind", {})
+    print(json.dumps({"median_ms": round(statistics.median(times), 3), "p90_ms": round(sorted(times)[int(0.9 * EVENTS)], 3),
+                      "native_reconciles": calls["reconcile"], "events": EVENTS, "weights": weights,
+                      "pinned_bytes": report["pinned_bytes"], "first_pinned_bytes": first["pinned_bytes"],
+                      "bytes_by_kind": kinds}))
+
+
+def model_file(comfy_dir: str, depth: int) -> str:
+    """The fp8-scaled Flux-shaped model of `depth`, written once (in a child: it loads ComfyUI)."""
+    cache = os.path.join(os.path.expanduser("~/.cache/viking-engine/bench"), f"flux_{depth}_fp8_scaled_cpu.safetensors")
+    if not os.path.exists(cache):
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        subprocess.run([sys.executable, __file__, "--write-model", comfy_dir, cache, str(depth)], check=True)
+    return cache
+
+
+def write_model(comfy_dir: str, path: str, depth: int):
+    sys.path[:0] = [os.path.join(ROOT, "bench")]
+    import flux_model
+
+    flux_model.start_comfy(comfy_dir, cpu=True)
+    import safetensors.torch
+    import torch
+
+    model, _ = flux_model.build(depth, tiny=False, seed=0)
+    out = {}
+    for key, tensor in model.diffusion_model.state_dict().items():
+        tensor = tensor.contiguous()
+        if key.endswith(".weight") and tensor.dim() == 2:  # the layout of bench/gpu_dynamic.py's fp8_scaled
+            layer, wide = key[:-len(".weight")], tensor.float()
+            scale = wide.abs().max() / 448.0
+            out[key] = (wide / scale).to(torch.float8_e4m3fn)
+            out[layer + ".scale_weight"] = scale.reshape(())
+            out[layer + ".scale_input"] = torch.ones((), dtype=torch.float32)
+        else:
+            out[key] = tensor
+    out["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    safetensors.torch.save_file(out, path + ".part")
+    os.replace(path + ".part", path)
+
+
+def main():
+    comfy_dir, out_path = sys.argv[1], sys.argv[2]
+    depth = arg("--depth", 2)
+    baseline = arg("--baseline", "")
+    path = model_file(comfy_dir, depth)
+    trees = {"this": ROOT} | ({"baseline": baseline} if baseline else {})
+    runs = {name: [] for name in trees}
+    for _round in range(2):
+        for name, code_root in trees.items():
+            child = subprocess.run([sys.executable, __file__, "--measure", comfy_dir, code_root, path],
+                                   capture_output=True, text=True, timeout=900)
+            line = next((l for l in reversed(child.stdout.splitlines()) if l.startswith("{")), None)
+            if line is None:
+                sys.exit(f"{name}: the measuring process printed no result:\n{child.stderr[-3000:]}")
+            runs[name].append(json.loads(line))
+            print(name, runs[name][-1], flush=True)
+    result = {"probe": "static_event_cost", "date": time.strftime("%Y-%m-%d"), "depth": depth, "format": "fp8_scaled",
+              "model_file_bytes": os.path.getsize(path), "runs": runs,
+              "median_ms": {name: statistics.median(r["median_ms"] for r in rs) for name, rs in runs.items()}}
+    if baseline:
+        result["baseline_commit"] = arg("--baseline-commit", "")
+        result["baseline_over_this"] = round(result["median_ms"]["baseline"] / result["median_ms"]["this"], 2)
+    with open(out_path, "w") as out:
+        json.dump(result, out, indent=1)
+    print(json.dumps(result["median_ms"]), result.get("baseline_over_this", ""))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--measure"]:
+        measure(*sys.argv[2:5])
+    elif sys.argv[1:2] == ["--write-model"]:
+        write_model(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main()

@@ -1,0 +1,135 @@
+"""ComfyUI's events that move nothing cost Viking no native reconcile (static mode, the CPU,
+ComfyUI's real ModelPatcher in this process), and the skip never hides a change: a weight
+replaced, another model's reconcile that took this model's pins, another model's release. On
+ComfyUI 0.33 also: the walk reads a comfy-kitchen QuantizedTensor weight as it is, so two walks
+find the same storages, the model's own scales among them (a `.data` of such a weight is a
+copy with cloned scales: new storages at each event, pinned in place of the model's own).
+Prints one JSON object of named checks; exits 1 if one fails. Run by tests/test_static_events.py
+under each ComfyUI version's Python.
+
+usage: python tests/static_events_check.py COMFY_DIR
+"""
+
+import json
+import os
+import sys
+
+comfy_dir = sys.argv[1]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [comfy_dir, ROOT]
+sys.argv = [sys.argv[0], "--cpu"]
+import comfy.options  # noqa: E402
+
+comfy.options.enable_args_parsing()
+
+import torch  # noqa: E402
+
+import comfy.model_patcher  # noqa: E402
+import comfy.ops  # noqa: E402
+
+from comfy_node import lifecycle  # noqa: E402
+from comfy_node.native import require  # noqa: E402
+from comfy_node.weights import module_tensors, storage_parts  # noqa: E402
+
+MIB = 1 << 20
+native = require()
+checks = {}
+
+
+class CountingNative:
+    """The native module, counting its reconcile calls (what this check is about)."""
+
+    def __init__(self, inner):
+        self.inner, self.reconciles = inner, 0
+
+    def reconcile(self, *args, **kwargs):
+        self.reconciles += 1
+        return self.inner.reconcile(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+counting = CountingNative(native)
+lifecycle.require = lambda: counting
+
+
+def model(layers: int, seed: int):
+    """`layers` 1 MiB fp32 linear layers that ComfyUI casts, in a ModelPatcher on the CPU."""
+    net = torch.nn.Sequential(*[comfy.ops.disable_weight_init.Linear(512, 512, bias=False) for _ in range(layers)])
+    for index, layer in enumerate(net):
+        torch.nn.init.normal_(layer.weight, generator=torch.Generator().manual_seed(seed + index))
+    return comfy.model_patcher.ModelPatcher(net, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+
+
+def owner_pinned(patcher) -> int:
+    owner = lifecycle.owner_of(patcher)
+    return next((o["pinned_bytes"] for o in json.loads(native.status_json())["owners"] if o["owner"] == owner), 0)
+
+
+def settings(label, priority=0):
+    return lifecycle.PinSettings(label=label, backend="os-lock", headroom_gib=0.0, priority=priority, pinned_home=False,
+                                 prefetch=False)
+
+
+native.configure(budget_gib=12 / 1024, headroom_gib=0.0)  # a 12 MiB shared budget
+low = model(8, seed=0)
+first = lifecycle.attach(low, settings("low", priority=0))
+checks["the first reconcile pins the model's 8 MiB"] = first["pinned_bytes"] == 8 * MIB
+
+before = counting.reconciles
+reports = [lifecycle.reconcile(low) for _ in range(5)]
+checks["five events that move nothing make no native reconcile"] = counting.reconciles == before
+checks["their reports say what is pinned and that nothing was done"] = all(
+    r["pinned_bytes"] == 8 * MIB == owner_pinned(low) and r["newly_pinned_bytes"] == 0 and r["released_bytes"] == 0
+    for r in reports)
+
+layer = low.model[0]
+layer.weight = torch.nn.Parameter(torch.randn(512, 512), requires_grad=False)  # a weight replaced
+before = counting.reconciles
+moved = lifecycle.reconcile(low)
+checks["a replaced weight makes the next event reconcile and pin it"] = (
+    counting.reconciles == before + 1 and moved["pinned_bytes"] == 8 * MIB == owner_pinned(low)
+    and moved["newly_pinned_bytes"] == 1 * MIB and moved["released_bytes"] == 1 * MIB)
+
+# A higher-priority model takes 4 MiB of the low one's pins: the low one's ranges did not change,
+# and its next event must still see that it lost them.
+high = model(8, seed=100)
+lifecycle.attach(high, settings("high", priority=10))
+lost = owner_pinned(low)
+before = counting.reconciles
+after_eviction = lifecycle.reconcile(low)
+checks["after another model took its pins, the next event reconciles and reports the truth"] = (
+    lost == 4 * MIB and counting.reconciles == before + 1 and after_eviction["pinned_bytes"] == lost)
+before = counting.reconciles
+lifecycle.reconcile(low)
+checks["and the event after that skips again"] = counting.reconciles == before
+
+lifecycle.unpin(high)
+before = counting.reconciles
+regained = lifecycle.reconcile(low)
+checks["after another model's release, the next event pins what now fits"] = (
+    counting.reconciles == before + 1 and regained["pinned_bytes"] == 8 * MIB == owner_pinned(low))
+
+try:
+    import comfy.quant_ops as quant_ops
+
+    quantized_layout = getattr(quant_ops, "TensorCoreFP8E4M3Layout", None) and "TensorCoreFP8E4M3Layout"
+except ImportError:
+    quantized_layout = None
+if quantized_layout:  # ComfyUI 0.33: comfy-kitchen's QuantizedTensor weights
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False))
+    weight = quant_ops.QuantizedTensor.from_float(torch.randn(64, 64, generator=torch.Generator().manual_seed(7)),
+                                                  quantized_layout)
+    net[0].weight = torch.nn.Parameter(weight, requires_grad=False)
+    own = {part.untyped_storage().data_ptr() for part in storage_parts(net[0].weight)}
+
+    def walk():
+        return {part.untyped_storage().data_ptr() for t in module_tensors(net) for part in storage_parts(t)}
+
+    checks["a quantized weight is walked as it is: its own data and scale storages"] = walk() == own and len(own) == 2
+    checks["two walks of a quantized weight find the same storages"] = walk() == walk()
+
+lifecycle.unpin()
+print(json.dumps(checks, indent=1))
+sys.exit(0 if all(checks.values()) else 1)
