@@ -46,6 +46,7 @@ SOURCES = {
     "gpu_probe_static_vram.json": DYNAMIC_BENCH + ["bench/probes/static_vram.py"],  # runs gpu_dynamic.py in-process
     "gpu_probe_node_times.json": DYNAMIC_BENCH + ["bench/probes/node_times.py"],  # likewise
     "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
+    "static_event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/static_event_cost.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
     "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
     "plan.json": ["src/plan.rs", "src/spans.rs", "benches/plan.rs"],

@@ -319,6 +319,13 @@ def node_times():
     return out
 
 
+def static_event_cost():
+    d = load("static_event_cost_cpu.json")
+    return [f"{f(d['median_ms']['this'], 2)} ms (no native reconcile)",
+            f"{f(d['median_ms']['baseline'], 2)} ms at `{d['baseline_commit']}` (a native reconcile at every event): "
+            f"{f(d['baseline_over_this'], 1)}x"]
+
+
 def plan():
     return [f"{f(load('plan.json')['median_ms'], 1)} ms median"]
 
@@ -329,7 +336,7 @@ FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timin
            "gpu_dynamic_rounds_one.json": dynamic_rounds_one, "gpu_dynamic_rounds.json": dynamic_rounds_fastdisk_two,
            "gpu_dynamic_rounds_two_default.json": dynamic_rounds_two_default,
            "container_residency_cpu.json": container,
-           "event_cost_cpu.json": event_cost, "plan.json": plan,
+           "event_cost_cpu.json": event_cost, "plan.json": plan, "static_event_cost_cpu.json": static_event_cost,
            "gpu_probe_static_vram.json": lambda: static_vram("gpu_probe_static_vram.json"),
            "gpu_probe_node_times.json": node_times,
            "swap_cpu.json": swap}
