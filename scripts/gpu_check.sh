@@ -26,6 +26,8 @@
 #   rounds1     the same for one model in ComfyUI's default dynamic mode
 #   rounds2     the same for two models in ComfyUI's default dynamic mode
 #   roundsfp8   the same for one fp8-scaled model (part fp8's model and VRAM), default dynamic mode
+#   statusstall what a status read costs the execution thread with 24 GiB pinned (bench/status_stall.py;
+#               this machine has the RAM the dev machine lacks)
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
 #               0.33 static alone and with the Pin Model, as is, prefetch off, --disable-cuda-malloc
 #   staticorder the same, as is, after two dynamic-mode servers with Viking (as part dynamic runs it)
@@ -190,6 +192,10 @@ part_staticorder() {
     static_probe gpu_probe_static_vram_order.json --variants default --modes dynamic_nodes,dynamic_engine,static,static_nodes
 }
 
+part_statusstall() {
+    python3 bench/status_stall.py "$OUT/status_stall_24gib.json" --gib 24 --seconds 8 2>&1 | tail -12
+}
+
 part_twocold() {
     python3 bench/probes/node_times.py "$OUT/gpu_probe_node_times.json" --depth "${DYNAMIC_DEPTH:-8}" \
         --free-gib "${DYNAMIC_FREE_GIB:-6}" 2>&1 | tee "$OUT/gpu_probe_node_times.log" | tail -12
@@ -206,5 +212,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|staticvram|staticorder|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|statusstall|staticvram|staticorder|twocold]..." >&2; exit 2 ;;
 esac
