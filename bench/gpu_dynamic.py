@@ -32,11 +32,13 @@ make slower), the latent's hash (bit-identity across modes).
 
 Formats (--format): bf16 (default); fp8_scaled, the legacy layout most Flux / Wan files ship in
 (every linear weight float8_e4m3fn with a per-tensor scale_weight and the scaled_fp8 marker;
-ComfyUI 0.33 loads them as comfy-kitchen QuantizedTensor weights); gguf, every linear weight in
+ComfyUI 0.33 loads them as comfy-kitchen QuantizedTensor weights); comfy_quant, the layout of
+comfy-kitchen's own files (float8_e4m3fn with a per-layer `comfy_quant` format tensor and a
+`weight_scale`: the newer fp8 and nvfp4 downloads); gguf, every linear weight in
 Q8_0 blocks, loaded through the real ComfyUI-GGUF pack (tests/hosts.py) by its UnetLoaderGGUF.
 
 usage: python bench/gpu_dynamic.py OUT.json [--depth 19] [--free-gib 16] [--steps 4] [--size 1024] [--modes A,B,...]
-       [--format bf16|fp8_scaled|gguf]
+       [--format bf16|fp8_scaled|comfy_quant|gguf]
        [--cpu]  (a dry run of the bench itself on a machine with no GPU: its dynamic-mode checks fail there)
 (run by ComfyUI 0.33's Python; writes the model file once under .comfy/cache)
 """
@@ -64,7 +66,8 @@ depth, free_gib, steps, size = arg("--depth", 19, int), arg("--free-gib", 16.0),
 modes = arg("--modes", "dynamic,dynamic_nodes,dynamic_engine,static_nodes", str).split(",")
 cpu = "--cpu" in sys.argv
 weight_format = arg("--format", "bf16", str)
-FORMAT_SUFFIX = {"bf16": ".safetensors", "fp8_scaled": "_fp8_scaled.safetensors", "gguf": "_q8_0.gguf"}[weight_format]
+FORMAT_SUFFIX = {"bf16": ".safetensors", "fp8_scaled": "_fp8_scaled.safetensors", "comfy_quant": "_comfy_quant_fp8.safetensors",
+                 "gguf": "_q8_0.gguf"}[weight_format]
 MODELS = (f"flux_shaped_d{depth}{FORMAT_SUFFIX}", f"flux_shaped_d{depth}_seed1{FORMAT_SUFFIX}")  # the second for _two
 WARM_PROMPTS = 5  # the warm figure is their median
 libc = ctypes.CDLL(None, use_errno=True)
@@ -119,8 +122,8 @@ def model_file(name: str, seed: int) -> Path:
         if weight_format == "gguf":
             write_gguf(state, str(path) + ".part")
         else:
-            if weight_format == "fp8_scaled":
-                state = fp8_scaled(state)
+            if weight_format in ("fp8_scaled", "comfy_quant"):
+                state = fp8_scaled(state, comfy_quant=weight_format == "comfy_quant")
             safetensors.torch.save_file(state, str(path) + ".part")
         os.replace(str(path) + ".part", path)
         del model, state
@@ -131,10 +134,11 @@ def linear_weight(key: str, tensor) -> bool:
     return key.endswith(".weight") and tensor.dim() == 2
 
 
-def fp8_scaled(state: dict) -> dict:
-    """The legacy fp8-scaled layout: each linear weight as float8_e4m3fn divided by a per-tensor
-    scale (its largest magnitude over fp8's 448), the scale as `<layer>.scale_weight`, an input
-    scale of 1, and the `scaled_fp8` marker."""
+def fp8_scaled(state: dict, comfy_quant: bool = False) -> dict:
+    """Each linear weight as float8_e4m3fn divided by a per-tensor scale (its largest magnitude
+    over fp8's 448). The legacy layout: the scale as `<layer>.scale_weight`, an input scale of 1,
+    and the `scaled_fp8` marker. `comfy_quant`: comfy-kitchen's own layout instead, the scale as
+    `<layer>.weight_scale` and the layer's format as a `<layer>.comfy_quant` JSON tensor."""
     import torch
 
     out = {}
@@ -146,9 +150,14 @@ def fp8_scaled(state: dict) -> dict:
         on = tensor.to("cuda" if torch.cuda.is_available() else "cpu", torch.float32)
         scale = on.abs().max() / 448.0
         out[key] = (on / scale).to(torch.float8_e4m3fn).cpu()
-        out[layer + ".scale_weight"] = scale.reshape(()).cpu()
-        out[layer + ".scale_input"] = torch.ones((), dtype=torch.float32)
-    out["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+        if comfy_quant:
+            out[layer + ".weight_scale"] = scale.reshape(()).cpu()
+            out[layer + ".comfy_quant"] = torch.tensor(list(json.dumps({"format": "float8_e4m3fn"}).encode()), dtype=torch.uint8)
+        else:
+            out[layer + ".scale_weight"] = scale.reshape(()).cpu()
+            out[layer + ".scale_input"] = torch.ones((), dtype=torch.float32)
+    if not comfy_quant:
+        out["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
     return out
 
 

@@ -17,8 +17,9 @@
 #               (--disable-dynamic-vram); servers033dyn 0.33 in its default dynamic VRAM mode
 #   home cap perf   the benches whose figures the README quotes, re-measured at this commit
 #   dynamic     ComfyUI 0.33's dynamic VRAM mode alone and with Viking (bench/gpu_dynamic.py)
-#   fp8 gguf    the dynamic bench's modes (alone, Pin Model, engine, static alone and with the node) on
-#               a Flux-shaped fp8-scaled model / a Q8_0 GGUF one through ComfyUI-GGUF, 4 GiB of VRAM free
+#   fp8 cquant gguf  the dynamic bench's modes (alone, Pin Model, engine, static alone and with the node) on
+#               a Flux-shaped fp8-scaled model / the same in comfy-kitchen's comfy_quant layout / a Q8_0
+#               GGUF one through ComfyUI-GGUF, 4 GiB of VRAM free
 #   fastdisk    the same with ComfyUI's --fast-disk (steps read the file's pages), engine mode too
 #   two         two models taking turns in each prompt, --fast-disk and default
 #   rounds      the --fast-disk two-model modes, alone and with the nodes, three fresh servers
@@ -158,6 +159,7 @@ part_dynamic() { dynamic_bench gpu_dynamic.json dynamic,dynamic_nodes,dynamic_cl
 # dynamic and static.
 FORMAT_MODES=dynamic,dynamic_nodes,dynamic_engine,static,static_nodes
 part_fp8() { DYNAMIC_FREE_GIB=4 dynamic_bench gpu_dynamic_fp8_scaled.json "$FORMAT_MODES" --format fp8_scaled; }
+part_cquant() { DYNAMIC_FREE_GIB=4 dynamic_bench gpu_dynamic_comfy_quant.json "$FORMAT_MODES" --format comfy_quant; }
 part_gguf() { DYNAMIC_FREE_GIB=4 dynamic_bench gpu_dynamic_gguf.json "$FORMAT_MODES" --format gguf; }
 part_fastdisk() { dynamic_bench gpu_dynamic_fastdisk.json dynamic_fastdisk,dynamic_fastdisk_nodes,dynamic_fastdisk_engine; }
 part_two() {
@@ -212,5 +214,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|statusstall|staticvram|staticorder|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|statusstall|staticvram|staticorder|twocold]..." >&2; exit 2 ;;
 esac
