@@ -19,7 +19,7 @@ else
     echo "[test] engine tests under a lock limit skipped: needs root with setpriv and prlimit (util-linux)"
 fi
 echo "[test] property-test fuzz run (VIKING_FUZZ_CASES=200000, at most 300 s)"
-VIKING_FUZZ_CASES=200000 timeout 300 cargo test --no-default-features --release --quiet -- prop parser plan_invariants a_model_fills spans_agree budget_never
+VIKING_FUZZ_CASES=200000 timeout 300 cargo test --no-default-features --release --quiet -- prop one_pass parser plan_invariants a_model_fills spans_agree budget_never
 if command -v x86_64-w64-mingw32-gcc >/dev/null && command -v wine >/dev/null; then
     bash scripts/windows_check.sh
 else

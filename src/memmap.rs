@@ -1,5 +1,6 @@
-//! What kind of memory a byte range is, from the text of Linux's /proc/self/maps.
-//! Pure: the reading of the file lives in `sys::os`.
+//! What kind of memory a byte range is, from the text of Linux's /proc/self/maps, and how much
+//! of it is in RAM or swapped, from /proc/self/pagemap entries.
+//! Pure: the reading of the files lives in `sys::os`.
 //!
 //! Why it matters: registering a *private read-only file mapping* with cuMemHostRegister hung
 //! for more than 90 s on an H200 (driver 580, flags PORTABLE|READ_ONLY). Such memory must never
@@ -180,6 +181,75 @@ pub fn count_pagemap(entries: &[u64]) -> (u64, u64) {
     entries.iter().fold((0, 0), |(present, swapped), &e| (present + (e >> 63), swapped + ((e >> 62) & 1)))
 }
 
+/// What one read of an owner's pages found: its wanted ranges' resident and swapped bytes, and
+/// the swapped bytes of its pins that lie inside those ranges.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Residency {
+    pub resident_bytes: u64,
+    pub swapped_bytes: u64,
+    pub pinned_swapped_bytes: u64,
+}
+
+/// Reads the pagemap entries of `[addr, addr + len)`, handing them to the visitor in chunks as
+/// (first page number, entries); `None` where pagemap cannot be read.
+pub type PagemapReader<'a> = dyn FnMut(u64, u64, &mut dyn FnMut(u64, &[u64])) -> Option<()> + 'a;
+
+/// Counts `ranges` (sorted, not overlapping) and the pins inside them in one read of each page:
+/// a status with the whole model pinned reads its page tables once, not twice. `pins` are sorted
+/// by address; those not inside one range (file pages Viking maps itself) come back for a read
+/// of their own. A page counts for every range or pin it overlaps; each figure is capped at the
+/// bytes it describes.
+pub fn residency_in_one_pass(
+    page: u64,
+    ranges: &[(u64, u64)],
+    pins: &[(u64, u64)],
+    read: &mut PagemapReader<'_>,
+) -> Option<(Residency, Vec<(u64, u64)>)> {
+    let mut found = Residency::default();
+    let mut outside = Vec::new();
+    let mut next_pin = 0;
+    for &(start, len) in ranges {
+        let end = start + len;
+        while next_pin < pins.len() && pins[next_pin].0 < start {
+            outside.push(pins[next_pin]);
+            next_pin += 1;
+        }
+        let mut inside = Vec::new();
+        while next_pin < pins.len() && pins[next_pin].0 < end {
+            let pin = pins[next_pin];
+            if pin.0 + pin.1 <= end { inside.push(pin) } else { outside.push(pin) }
+            next_pin += 1;
+        }
+        let pages = |(addr, len): (u64, u64)| (addr / page, (addr + len).div_ceil(page));
+        let mut swapped_in_pin = vec![0u64; inside.len()];
+        let (mut present, mut swapped, mut first_open) = (0, 0, 0);
+        read(start, len, &mut |first_page, entries| {
+            let (chunk_present, chunk_swapped) = count_pagemap(entries);
+            present += chunk_present;
+            swapped += chunk_swapped;
+            let chunk_end = first_page + entries.len() as u64;
+            // Pins before `first_open` end before this chunk (chunks come in address order).
+            for (i, &pin) in inside.iter().enumerate().skip(first_open) {
+                let (pin_first, pin_last) = pages(pin);
+                if pin_last <= first_page {
+                    first_open = i + 1;
+                    continue;
+                }
+                if pin_first >= chunk_end {
+                    break;
+                }
+                let slice = &entries[(pin_first.max(first_page) - first_page) as usize..(pin_last.min(chunk_end) - first_page) as usize];
+                swapped_in_pin[i] += count_pagemap(slice).1;
+            }
+        })?;
+        found.resident_bytes += (present * page).min(len);
+        found.swapped_bytes += (swapped * page).min(len);
+        found.pinned_swapped_bytes += inside.iter().zip(&swapped_in_pin).map(|(pin, &n)| (n * page).min(pin.1)).sum::<u64>();
+    }
+    outside.extend_from_slice(&pins[next_pin..]);
+    Some((found, outside))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,6 +304,57 @@ mod tests {
         assert_eq!(count_pagemap(&[present | 0x1234, swapped | 7, 0, present]), (2, 1));
     }
 
+    /// A fake pagemap: page `n`'s entry is `flags[n]`, handed out in chunks of `chunk` pages.
+    fn fake_reader(flags: &[u64], chunk: usize, page: u64) -> Box<PagemapReader<'_>> {
+        Box::new(move |addr: u64, len: u64, visit: &mut dyn FnMut(u64, &[u64])| {
+            let (first, last) = ((addr / page) as usize, (addr + len).div_ceil(page) as usize);
+            if last > flags.len() {
+                return None;
+            }
+            let mut at = first;
+            while at < last {
+                let stop = (at + chunk).min(last);
+                visit(at as u64, &flags[at..stop]);
+                at = stop;
+            }
+            Some(())
+        })
+    }
+
+    /// What the status read before: each range and each pin read on its own.
+    fn separate_reads(flags: &[u64], page: u64, ranges: &[(u64, u64)], pins: &[(u64, u64)]) -> (Residency, u64) {
+        let count = |(addr, len): (u64, u64)| {
+            let (present, swapped) = count_pagemap(&flags[(addr / page) as usize..(addr + len).div_ceil(page) as usize]);
+            ((present * page).min(len), (swapped * page).min(len))
+        };
+        let inside = |&(addr, len): &(u64, u64)| ranges.iter().any(|&(s, l)| addr >= s && addr + len <= s + l);
+        let mut found = Residency::default();
+        for &range in ranges {
+            let (present, swapped) = count(range);
+            found.resident_bytes += present;
+            found.swapped_bytes += swapped;
+        }
+        found.pinned_swapped_bytes = pins.iter().filter(|p| inside(p)).map(|&p| count(p).1).sum();
+        (found, pins.iter().filter(|p| !inside(p)).map(|&p| count(p).1).sum())
+    }
+
+    #[test]
+    fn one_pass_counts_pins_inside_and_returns_the_rest() {
+        let (present, swapped) = (1u64 << 63, 1u64 << 62);
+        let page = 4096;
+        // pages 0..8: present, swapped, present, absent, swapped, swapped, present, swapped
+        let flags = [present, swapped, present, 0, swapped, swapped, present, swapped];
+        let ranges = [(0, 4 * page), (4 * page, 2 * page + 100)];
+        let pins = [(page, page), (3 * page, 2 * page), (4 * page, page), (7 * page, page)];
+        let mut read = fake_reader(&flags, 3, page);
+        let (found, outside) = residency_in_one_pass(page, &ranges, &pins, &mut *read).unwrap();
+        assert_eq!(found, Residency { resident_bytes: 2 * page + page, swapped_bytes: page + 2 * page, pinned_swapped_bytes: 2 * page });
+        // the pin over both ranges and the one past them are left for a read of their own
+        assert_eq!(outside, vec![(3 * page, 2 * page), (7 * page, page)]);
+        let mut unreadable = |_: u64, _: u64, _: &mut dyn FnMut(u64, &[u64])| None;
+        assert_eq!(residency_in_one_pass(page, &ranges, &pins, &mut unreadable), None);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(crate::fuzz_cases()))]
         #[test]
@@ -241,6 +362,39 @@ mod tests {
             let maps = parse(&text);
             for m in &maps { prop_assert!(m.start < m.end); }
             let _ = classify(&maps, 0x1000, 0x1000);
+        }
+
+        #[test]
+        fn one_pass_matches_separate_reads(
+            flags in proptest::collection::vec(prop_oneof![Just(0u64), Just(1u64 << 63), Just(1u64 << 62)], 1..64),
+            cuts in proptest::collection::vec((0u64..64 * 16, 1u64..8 * 16), 0..6),
+            pin_cuts in proptest::collection::vec((0u64..64 * 16, 1u64..4 * 16), 0..8),
+            chunk in 1usize..9,
+        ) {
+            // Addresses in units of 1/16 page, so spans start and end inside pages too.
+            let page = 4096u64;
+            let limit = flags.len() as u64 * page;
+            let to_spans = |cuts: &[(u64, u64)]| {
+                let mut spans: Vec<(u64, u64)> = cuts.iter().map(|&(a, l)| (a * page / 16, l * page / 16))
+                    .filter(|&(a, l)| a + l <= limit).collect();
+                spans.sort();
+                // keep them apart: no two overlap
+                let mut kept: Vec<(u64, u64)> = Vec::new();
+                for span in spans {
+                    if kept.last().is_none_or(|&(a, l)| a + l <= span.0) { kept.push(span) }
+                }
+                kept
+            };
+            let (ranges, pins) = (to_spans(&cuts), to_spans(&pin_cuts));
+            let mut read = fake_reader(&flags, chunk, page);
+            let (found, outside) = residency_in_one_pass(page, &ranges, &pins, &mut *read).unwrap();
+            let (expected, outside_swapped) = separate_reads(&flags, page, &ranges, &pins);
+            prop_assert_eq!(found, expected);
+            let counted: u64 = outside.iter().map(|&(a, l)| {
+                let swapped = count_pagemap(&flags[(a / page) as usize..(a + l).div_ceil(page) as usize]).1;
+                (swapped * page).min(l)
+            }).sum();
+            prop_assert_eq!(counted, outside_swapped);
         }
 
         #[test]

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use super::Engine;
 use crate::backend;
 use crate::budget;
+use crate::memmap;
 use crate::status::{CudaStatus, OwnerStatus, Paging, Status};
 use crate::sys;
 
@@ -56,7 +57,7 @@ impl Engine {
         }
         // What the page-table reads below need, copied: they take ~24 ms per GiB, and the
         // engine's lock is not held for them (every pin, release and budget call waits on it).
-        let wanted: Vec<(u64, Vec<(u64, u64)>)> = state.owners.iter().map(|(&owner, record)| (owner, record.ranges.clone())).collect();
+        let wanted: BTreeMap<u64, Vec<(u64, u64)>> = state.owners.iter().map(|(&owner, record)| (owner, record.ranges.clone())).collect();
         let pins: Vec<(u64, u64, u64, bool)> =
             state.ledger.entries().map(|e| (e.owner, e.addr(), e.len(), e.registration.pending())).collect();
         let pinned_bytes = state.ledger.total_bytes();
@@ -69,31 +70,35 @@ impl Engine {
         }
         drop(state);
 
-        for (owner, ranges) in &wanted {
-            let counts: Option<Vec<(u64, u64)>> = ranges.iter().map(|&(addr, len)| sys::os::residency(addr, len)).collect();
-            if let (Some(counts), Some(entry)) = (counts, owners.get_mut(owner)) {
-                entry.resident_bytes = Some(counts.iter().map(|c| c.0).sum());
-                entry.swapped_bytes = Some(counts.iter().map(|c| c.1).sum());
+        // Each owner's pages are read once: its pins lie inside its wanted ranges (all but the
+        // file pages Viking maps itself, read on their own).
+        let page = sys::os::page_size();
+        let mut pins_of: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+        for &(owner, addr, len, pending) in &pins {
+            pins_of.entry(owner).or_default().push((addr, len));
+            if let (true, Some(entry)) = (pending, owners.get_mut(&owner)) {
+                entry.pending_bytes += len;
             }
         }
-        // The pins' memory stays mapped while this runs: a pin released meanwhile is read from
-        // the same process's address space (mapped or not, pagemap answers) and only skews this
-        // one snapshot.
-        for &(owner, addr, len, pending) in &pins {
-            let swapped = sys::os::residency(addr, len).map(|(_, swapped)| swapped);
-            if let Some(owner) = owners.get_mut(&owner) {
-                if pending {
-                    owner.pending_bytes += len;
-                }
-                owner.pinned_swapped_bytes = match (owner.pinned_swapped_bytes, swapped) {
-                    (_, None) => None,
-                    (total, Some(bytes)) => Some(total.unwrap_or(0) + bytes),
-                };
+        for (owner, entry) in owners.iter_mut() {
+            let ranges = wanted.get(owner).map_or(&[][..], Vec::as_slice);
+            let mut owner_pins = pins_of.remove(owner).unwrap_or_default();
+            owner_pins.sort_unstable();
+            let mut read = |addr, len, visit: &mut dyn FnMut(u64, &[u64])| sys::os::pagemap_chunks(addr, len, visit);
+            let Some((found, outside)) = memmap::residency_in_one_pass(page, ranges, &owner_pins, &mut read) else {
+                continue;
+            };
+            if !ranges.is_empty() {
+                entry.resident_bytes = Some(found.resident_bytes);
+                entry.swapped_bytes = Some(found.swapped_bytes);
+            }
+            if !owner_pins.is_empty() {
+                let rest: Option<u64> = outside.iter().map(|&(addr, len)| sys::os::residency(addr, len).map(|(_, swapped)| swapped)).sum();
+                entry.pinned_swapped_bytes = rest.map(|rest| found.pinned_swapped_bytes + rest);
             }
         }
 
         let memory = super::memory_snapshot(pinned_bytes, pinned_by_others, given_back);
-        let page = sys::os::page_size();
         let delta = |then: Option<(u64, u64)>, pick: fn((u64, u64)) -> u64| -> Option<u64> {
             Some(pick(swaps_now?).saturating_sub(pick(then?)) * page)
         };

@@ -335,25 +335,46 @@ pub fn read_self_maps() -> Option<String> {
     }
 }
 
-/// (resident bytes, swapped bytes) of `[addr, addr+len)` of this process, from
-/// /proc/self/pagemap; `None` where it cannot be read (not Linux).
+/// Hands the /proc/self/pagemap entries of `[addr, addr+len)` to `visit` in chunks (first page
+/// number, entries), so a status over a large model never holds its whole page table in one
+/// buffer; `None` where it cannot be read (not Linux).
+#[cfg(unix)]
+pub fn pagemap_chunks(addr: u64, len: u64, visit: &mut dyn FnMut(u64, &[u64])) -> Option<()> {
+    use std::os::unix::fs::FileExt;
+    const CHUNK_PAGES: u64 = 1 << 15; // 256 KiB of entries, 128 MiB of memory with 4 KiB pages
+    let page = page_size();
+    let (first, last) = (addr / page, (addr + len).div_ceil(page));
+    let file = std::fs::File::open("/proc/self/pagemap").ok()?;
+    let mut bytes = vec![0u8; (CHUNK_PAGES.min(last - first) * 8) as usize];
+    let mut entries = Vec::with_capacity(bytes.len() / 8);
+    let mut start = first;
+    while start < last {
+        let count = CHUNK_PAGES.min(last - start);
+        let chunk = &mut bytes[..(count * 8) as usize];
+        file.read_exact_at(chunk, start * 8).ok()?;
+        entries.clear();
+        entries.extend(chunk.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())));
+        visit(start, &entries);
+        start += count;
+    }
+    Some(())
+}
+
 #[cfg(not(unix))]
-pub fn residency(_addr: u64, _len: u64) -> Option<(u64, u64)> {
+pub fn pagemap_chunks(_addr: u64, _len: u64, _visit: &mut dyn FnMut(u64, &[u64])) -> Option<()> {
     None
 }
 
 /// (resident bytes, swapped bytes) of `[addr, addr+len)` of this process, from
 /// /proc/self/pagemap; `None` where it cannot be read (not Linux).
-#[cfg(unix)]
 pub fn residency(addr: u64, len: u64) -> Option<(u64, u64)> {
-    use std::os::unix::fs::FileExt;
+    let (mut present, mut swapped) = (0, 0);
+    pagemap_chunks(addr, len, &mut |_, entries| {
+        let counted = crate::memmap::count_pagemap(entries);
+        present += counted.0;
+        swapped += counted.1;
+    })?;
     let page = page_size();
-    let (first, last) = (addr / page, (addr + len).div_ceil(page));
-    let file = std::fs::File::open("/proc/self/pagemap").ok()?;
-    let mut buffer = vec![0u8; ((last - first) * 8) as usize];
-    file.read_exact_at(&mut buffer, first * 8).ok()?;
-    let entries: Vec<u64> = buffer.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
-    let (present, swapped) = crate::memmap::count_pagemap(&entries);
     Some(((present * page).min(len), (swapped * page).min(len)))
 }
 
