@@ -52,6 +52,7 @@ SOURCES = {
     "plan.json": ["src/plan.rs", "src/spans.rs", "benches/plan.rs"],
     "swap_cpu.json": NATIVE + ["comfy_node/lifecycle.py", "comfy_node/weights.py", "bench/swap_pressure.py"],
     "status_stall_cpu.json": NATIVE + ["bench/status_stall.py"],
+    "status_stall_one_pass_cpu.json": NATIVE + ["bench/status_stall.py"],
     "gpu_dynamic_fp8_scaled.json": DYNAMIC_BENCH,
     "gpu_dynamic_gguf.json": DYNAMIC_BENCH,
     "gpu_probe_fp8_clone.json": DYNAMIC_BENCH,
