@@ -88,10 +88,8 @@ impl Engine {
             let Some((found, outside)) = memmap::residency_in_one_pass(page, ranges, &owner_pins, &mut read) else {
                 continue;
             };
-            if !ranges.is_empty() {
-                entry.resident_bytes = Some(found.resident_bytes);
-                entry.swapped_bytes = Some(found.swapped_bytes);
-            }
+            entry.resident_bytes = Some(found.resident_bytes);
+            entry.swapped_bytes = Some(found.swapped_bytes);
             if !owner_pins.is_empty() {
                 let rest: Option<u64> = outside.iter().map(|&(addr, len)| sys::os::residency(addr, len).map(|(_, swapped)| swapped)).sum();
                 entry.pinned_swapped_bytes = rest.map(|rest| found.pinned_swapped_bytes + rest);

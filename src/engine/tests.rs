@@ -73,6 +73,10 @@ fn reconcile_pins_releases_and_is_idempotent() {
     let status = engine.status(false, false);
     let owner = status.owners.iter().find(|o| o.owner == 1).unwrap();
     assert_eq!((owner.resident_bytes, owner.swapped_bytes, owner.pinned_swapped_bytes), (Some(8 * MIB as u64), Some(0), Some(0)));
+    // A model with nothing in RAM (all of it on the GPU): none resident, no pins to check.
+    engine.reconcile(request(3, 0, vec![])).unwrap();
+    let idle = engine.status(false, false).owners.into_iter().find(|o| o.owner == 3).unwrap();
+    assert_eq!((idle.resident_bytes, idle.swapped_bytes, idle.pinned_swapped_bytes), (Some(0), Some(0), None));
     assert!(status.paging.swapped_in_since_start.is_some());
     assert_eq!(engine.release_owner(1), 8 * MIB as u64);
     assert!(locked_kib() <= before + 8); // back where it was (a page of slack)
