@@ -23,13 +23,10 @@ import json
 import os
 import sys
 
-comfy_dir, work = sys.argv[1], sys.argv[2]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [comfy_dir, ROOT]
-sys.argv = [sys.argv[0], "--cpu"]
-import comfy.options  # noqa: E402
+from in_process import start_comfy
 
-comfy.options.enable_args_parsing()
+comfy_dir, work = sys.argv[1], sys.argv[2]
+start_comfy(comfy_dir, "--cpu")
 
 import safetensors.torch  # noqa: E402
 import torch  # noqa: E402

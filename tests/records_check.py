@@ -9,16 +9,12 @@ usage: python tests/records_check.py COMFY_DIR
 
 import gc
 import json
-import os
 import sys
 
-comfy_dir = sys.argv[1]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [comfy_dir, ROOT]
-sys.argv = [sys.argv[0], "--cpu"]
-import comfy.options  # noqa: E402
+from in_process import start_comfy
 
-comfy.options.enable_args_parsing()
+comfy_dir = sys.argv[1]
+start_comfy(comfy_dir, "--cpu")
 
 import torch  # noqa: E402
 
