@@ -156,9 +156,9 @@ def _storages(tensor) -> list:
         return []
 
 
-def comfy_owned_storage(tensor) -> bool:
+def comfy_owned(storage) -> bool:
     """Storage that ComfyUI's dynamic mode maps or pins itself (a file slice or a host buffer)."""
-    return any(hasattr(s, "_comfy_tensor_file_slice") or hasattr(s, "_comfy_hostbuf") for s in _storages(tensor))
+    return hasattr(storage, "_comfy_tensor_file_slice") or hasattr(storage, "_comfy_hostbuf")
 
 
 def named_weights(module):

@@ -24,7 +24,7 @@ from . import comfy, dynamic, gate, home, models, prefetch, shared_settings, tim
 from . import native as native_module
 from .models import ModelRecord, PinSettings
 from .native import require
-from .weights import PLAIN, host_ranges, module_tensors
+from .weights import PLAIN, as_read, host_ranges, identity_key, tree_tensors
 
 if TYPE_CHECKING:
     from . import contract
@@ -169,37 +169,38 @@ def _note_hooks(record: ModelRecord, patcher):
 
 def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=()) -> dict:
     """The native reconcile of the model's host ranges now; skipped (its last report, nothing
-    done) when its input and the ledger are as at its last call and the budget has no room for
-    more: ComfyUI fires about seven events a prompt that move nothing, and the native call
-    reads the process's memory map, RAM figures and lock count each time (measured on an H200:
-    130-207 ms a prompt for a 5 GB fp8-scaled model in static mode, bench/probes/static_event_cost.py)."""
+    done) when the model's weights are the same objects pointing at the same memory, the ledger
+    is as at its last call and the budget has no room for more. ComfyUI fires about seven events
+    a prompt that move nothing; the native call reads the process's memory map, RAM figures and
+    lock count, and reading every weight's storages costs ~20 us a weight (measured on an H200:
+    130-207 ms a prompt for a 5 GB fp8-scaled model in static mode when each event did both,
+    bench/probes/static_event_cost.py), so an event first compares a key that costs ~1 us a weight."""
     global _ledger_changes
     settings = record.settings
-    found = host_ranges(host_weights(patcher))
-    _note_weights_left(record, found.left_to_comfyui)
-    ranges, pinned_elsewhere = found.ranges + list(extra_ranges), found.pinned_elsewhere
+    tensors = host_weights(patcher)
     comfy_ranges, comfy_total = comfy.foreign_pins()
     backend = backend_for(settings.backend, patcher)
-    foreign = pinned_elsewhere + comfy_ranges
     signature = (gate.pressure_releases, native.deferred_failures(), backend, settings.priority, settings.label,
-                 settings.model_limit_gib, comfy_total, tuple(foreign), tuple((r[0], r[1]) for r in ranges))
+                 settings.model_limit_gib, comfy_total, tuple(comfy_ranges), identity_key(tensors),
+                 tuple((r[0], r[1]) for r in extra_ranges))
     last = record.native_report
     if (last is not None and record.native_signature == (_ledger_changes, signature) and not last["pending_bytes"]
             and not _budget_may_fit_more(native, last)):
-        report = {**last, "newly_pinned_bytes": 0, "released_bytes": 0, "regions_registered": 0, "failures": [],
-                  "evicted": []}
-    else:
-        report = json.loads(native.reconcile(
-            record.owner, ranges,
-            priority=settings.priority,
-            backend=backend,
-            label=settings.label,
-            model_limit_gib=settings.model_limit_gib,
-            foreign=foreign,
-            others_pinned_bytes=comfy_total,
-        ))
-        _ledger_changes += 1
-        record.native_report, record.native_signature = dict(report), (_ledger_changes, signature)
+        return {**last, "newly_pinned_bytes": 0, "released_bytes": 0, "regions_registered": 0, "failures": [],
+                "evicted": []}
+    found = host_ranges([as_read(t) for t in tensors], skip_storage=comfy.comfy_owned)
+    _note_weights_left(record, found.left_to_comfyui)
+    report = json.loads(native.reconcile(
+        record.owner, found.ranges + list(extra_ranges),
+        priority=settings.priority,
+        backend=backend,
+        label=settings.label,
+        model_limit_gib=settings.model_limit_gib,
+        foreign=found.pinned_elsewhere + comfy_ranges,
+        others_pinned_bytes=comfy_total,
+    ))
+    _ledger_changes += 1
+    record.native_report, record.native_signature = dict(report), (_ledger_changes, signature)
     if set(found.bytes_by_kind) - {PLAIN} and KINDS_NOTE not in record.notes:
         record.notes.append(KINDS_NOTE)
     record.weight_kinds = {"bytes_by_kind": found.bytes_by_kind,
@@ -231,11 +232,11 @@ def backend_for(choice: str, patcher) -> str:
 def host_weights(patcher) -> list:
     """The weights of a patcher that can sit in host RAM: the module's parameters and buffers,
     the original weights ComfyUI keeps while LoRA patches are applied, and the pinned home of
-    the weights in VRAM; not the storages ComfyUI's dynamic mode owns."""
+    the weights in VRAM, as their owners hold them (weights.as_read gives what to walk;
+    host_ranges leaves out the storages ComfyUI's dynamic mode owns)."""
     record = record_of(patcher)
     held = home.held_tensors(record) if record is not None else []
-    tensors = module_tensors(comfy.torch_model(patcher)) + comfy.backup_weights(patcher) + held
-    return [t for t in tensors if not comfy.comfy_owned_storage(t)]
+    return tree_tensors(comfy.torch_model(patcher)) + comfy.backup_weights(patcher) + held
 
 
 def skipped_for(report: dict, *reasons: str) -> bool:

@@ -5,7 +5,7 @@ engine holds a reference to the memory for as long as it is pinned."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 
 # Kinds of weight, as the status counts them.
@@ -63,9 +63,10 @@ class HostRanges:
     left_to_comfyui: dict = field(default_factory=dict)
 
 
-def host_ranges(tensors: Iterable) -> HostRanges:
+def host_ranges(tensors: Iterable, skip_storage: Callable | None = None) -> HostRanges:
     """One (data_ptr, nbytes, storage) per distinct CPU storage behind `tensors`. Skips GPU,
-    meta and empty tensors; views of one storage count once. A weight whose memory cannot be
+    meta and empty tensors, and a weight any of whose storages `skip_storage` accepts (memory
+    ComfyUI manages itself: each weight's parts are read once, here); views of one storage count once. A weight whose memory cannot be
     read (a tensor type nobody here knows) is left to ComfyUI and counted, never raised:
     nothing about a weight may fail the user's prompt. `pinned_elsewhere` lists storages CUDA
     already reports as pinned (by ComfyUI, by `pin_memory()`, or by Viking itself: the engine
@@ -84,6 +85,8 @@ def host_ranges(tensors: Iterable) -> HostRanges:
             count = found.left_to_comfyui.setdefault(key, [0, 0])
             count[0] += 1
             count[1] += _claimed_bytes(tensor)
+            continue
+        if skip_storage is not None and any(skip_storage(storage) for storage, _part in parts):
             continue
         for storage, part in parts:
             ptr, nbytes = storage.data_ptr(), storage.nbytes()
@@ -112,8 +115,11 @@ def own_tensors(module) -> list:
     """A module's own parameters and buffers (not its children's), read from its two tables:
     walks over every module run at every ComfyUI event, and torch's parameters() generators
     were most of such a walk (bench/probes/event_cost.py)."""
-    own = vars(module)
-    return [t for table in (own.get("_parameters") or {}, own.get("_buffers") or {}) for t in table.values() if t is not None]
+    own, found = vars(module), []
+    for table in (own.get("_parameters"), own.get("_buffers")):
+        if table:  # most modules have no buffers, and containers no parameters
+            found += [t for t in table.values() if t is not None]
+    return found
 
 
 def as_read(tensor):
@@ -126,7 +132,38 @@ def as_read(tensor):
     return tensor.data if issubclass(type(tensor), Parameter) else tensor
 
 
+def tree_tensors(module) -> list:
+    """The parameter and buffer objects of a torch module and its children, as the modules hold
+    them (no `.data` views)."""
+    return [t for current in module.modules() for t in own_tensors(current)]
+
+
 def module_tensors(module) -> list:
     """Parameters and buffers of a torch module and its children (a tensor two modules share
     comes twice: cpu_storage_ranges counts each storage once)."""
-    return [as_read(t) for child in module.modules() for t in own_tensors(child)]
+    return [as_read(t) for t in tree_tensors(module)]
+
+
+def identity_key(tensors: Iterable) -> tuple:
+    """A key that changes when any of `tensors` is replaced or pointed at other memory: a new
+    object, `.data` set, a wrapper whose contents were swapped (torch.utils.swap_tensors, how
+    `module.to()` moves wrapper subclasses) or whose inner tensors were set again. About 1 us a
+    weight, against ~20 us for reading its storages (host_ranges): how a ComfyUI event that
+    moved nothing is told from one that did."""
+    import torch
+
+    plain_types = (torch.Tensor, torch.nn.Parameter)
+    key = []
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        try:
+            address = tensor.data_ptr()
+        except Exception:  # noqa: BLE001 - a wrapper without storage of its own: its parts below
+            address = -1
+        if type(tensor) in plain_types:
+            key.append((id(tensor), address))
+        else:
+            inner = vars(tensor)
+            key.append((id(tensor), address, id(inner), tuple(map(id, inner.values()))))
+    return tuple(key)

@@ -48,6 +48,16 @@ class CountingNative:
 
 counting = CountingNative(native)
 lifecycle.require = lambda: counting
+walks = {"count": 0}
+read_storages = lifecycle.host_ranges
+
+
+def counted_walk(*args, **kwargs):
+    walks["count"] += 1
+    return read_storages(*args, **kwargs)
+
+
+lifecycle.host_ranges = counted_walk  # the walk that reads every weight's storages
 
 
 def model(layers: int, seed: int):
@@ -73,9 +83,10 @@ low = model(8, seed=0)
 first = lifecycle.attach(low, settings("low", priority=0))
 checks["the first reconcile pins the model's 8 MiB"] = first["pinned_bytes"] == 8 * MIB
 
-before = counting.reconciles
+before, walked = counting.reconciles, walks["count"]
 reports = [lifecycle.reconcile(low) for _ in range(5)]
 checks["five events that move nothing make no native reconcile"] = counting.reconciles == before
+checks["and read no weight's storages"] = walks["count"] == walked
 checks["their reports say what is pinned and that nothing was done"] = all(
     r["pinned_bytes"] == 8 * MIB == owner_pinned(low) and r["newly_pinned_bytes"] == 0 and r["released_bytes"] == 0
     for r in reports)
@@ -87,6 +98,14 @@ moved = lifecycle.reconcile(low)
 checks["a replaced weight makes the next event reconcile and pin it"] = (
     counting.reconciles == before + 1 and moved["pinned_bytes"] == 8 * MIB == owner_pinned(low)
     and moved["newly_pinned_bytes"] == 1 * MIB and moved["released_bytes"] == 1 * MIB)
+
+layer = low.model[1]
+layer.weight.data = torch.randn(512, 512)  # the same parameter, pointed at new memory
+before = counting.reconciles
+repointed = lifecycle.reconcile(low)
+checks["a weight whose .data was set anew makes the next event reconcile and pin it"] = (
+    counting.reconciles == before + 1 and repointed["pinned_bytes"] == 8 * MIB == owner_pinned(low)
+    and repointed["newly_pinned_bytes"] == 1 * MIB and repointed["released_bytes"] == 1 * MIB)
 
 # A higher-priority model takes 4 MiB of the low one's pins: the low one's ranges did not change,
 # and its next event must still see that it lost them.
@@ -125,6 +144,26 @@ if quantized_layout:  # ComfyUI 0.33: comfy-kitchen's QuantizedTensor weights
 
     checks["a quantized weight is walked as it is: its own data and scale storages"] = walk() == own and len(own) == 2
     checks["two walks of a quantized weight find the same storages"] = walk() == walk()
+
+    # A pinned model whose quantized weight's contents are swapped in place (how module.to()
+    # moves a wrapper subclass): the same object, other storages; the next event must pin them.
+    def quantized_weight(seed):  # 1 MiB of fp8: large enough to be pinned
+        values = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(seed))
+        return torch.nn.Parameter(quant_ops.QuantizedTensor.from_float(values, quantized_layout), requires_grad=False)
+
+    wide = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False))
+    wide[0].weight = quantized_weight(8)
+    quantized = comfy.model_patcher.ModelPatcher(wide, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+    first_quantized = lifecycle.attach(quantized, settings("quantized"))
+    own = {part.untyped_storage().data_ptr() for part in storage_parts(wide[0].weight)}
+    before = counting.reconciles
+    torch.utils.swap_tensors(wide[0].weight, quantized_weight(9))
+    swapped = lifecycle.reconcile(quantized)
+    now = {part.untyped_storage().data_ptr() for part in storage_parts(wide[0].weight)}
+    checks["a quantized weight swapped in place makes the next event reconcile and pin its new storages"] = (
+        first_quantized["pinned_bytes"] >= MIB and counting.reconciles == before + 1 and now != own
+        and swapped["newly_pinned_bytes"] >= MIB and swapped["released_bytes"] >= MIB
+        and swapped["pinned_bytes"] == owner_pinned(quantized))
 
 lifecycle.unpin()
 print(json.dumps(checks, indent=1))

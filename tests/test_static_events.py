@@ -7,4 +7,4 @@ from conftest import run_checks
 
 def test_events_that_move_nothing_skip_the_native_reconcile(comfy_env):
     # Two more on 0.33: comfy-kitchen's QuantizedTensor weights walked as they are.
-    run_checks(comfy_env, "static_events_check.py", expected=9 if comfy_env.version == "0.33" else 7)
+    run_checks(comfy_env, "static_events_check.py", expected=12 if comfy_env.version == "0.33" else 9)
