@@ -163,10 +163,16 @@ def megabytes(lines, what: str) -> list[str]:
     return [found.group(1) for line in lines for found in [re.search(rf"([\d.]+) MB {what}", line)] if found]
 
 
-def first_usable_mib(row) -> float:
-    """The VRAM ComfyUI found usable for the first model it loaded (the warm-up's first load)."""
-    usable = megabytes(row["warm_up"]["loads"], "usable")
-    return float(usable[0]) if usable else 0.0
+def vram_taken_mib(comfy_row, viking_row) -> float:
+    """How much less VRAM ComfyUI found usable with Viking than alone, the most at any load of
+    the warm-up and the timed prompts, load by load. Not the first load alone: the pins' page
+    tables appear when the weights are pinned, which can be after ComfyUI's first load (it was
+    before it on the H200, after it on an H100)."""
+    def usable(row):
+        return [megabytes(item["loads"], "usable") for item in [row["warm_up"]] + row["prompts"]]
+    gaps = [float(alone) - float(viking) for alone_loads, viking_loads in zip(usable(comfy_row), usable(viking_row))
+            for alone, viking in zip(alone_loads, viking_loads)]
+    return max([0.0] + gaps)
 
 
 def splits(item) -> list:
@@ -184,7 +190,7 @@ def main():
         # per GiB pinned, for torch's pin_memory() alike: gpu_probe_registration_vram.json), and
         # ComfyUI splits a model between VRAM and RAM by what is free. ComfyUI alone given the
         # same free VRAM as with Viking is the comparison on equal terms.
-        page_tables_mib = max(0.0, first_usable_mib(comfy_row) - first_usable_mib(viking_row))
+        page_tables_mib = vram_taken_mib(comfy_row, viking_row)
         result["viking_vram_page_tables_mib"] = page_tables_mib
         hold_more(holder, int(page_tables_mib * 2**20))
         same_row = run_mode("comfy_same_vram", None)
