@@ -32,6 +32,8 @@
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
 #               0.33 static alone and with the Pin Model, as is, prefetch off, --disable-cuda-malloc
 #   staticorder the same, as is, after two dynamic-mode servers with Viking (as part dynamic runs it)
+#   staticbreak where Viking's event time goes in 0.33 static mode while ComfyUI moves layers of the
+#               fp8-scaled model between VRAM and RAM (bench/probes/static_event_breakdown.py)
 #   twocold     per-node times of every prompt, two models in the default dynamic mode: alone, the
 #               Pin Model (output nodes), the Pin Model as plain nodes (as before), a clone node,
 #               the clone as an output node, engine mode (bench/probes/node_times.py; the cold
@@ -198,6 +200,11 @@ part_statusstall() {
     python3 bench/status_stall.py "$OUT/status_stall_24gib.json" --gib 24 --seconds 8 2>&1 | tail -12
 }
 
+part_staticbreak() {
+    python3 bench/probes/static_event_breakdown.py "$VIKING_HOSTS/ComfyUI-0.33.0" "$OUT/gpu_probe_static_event_breakdown.json" \
+        --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tail -16
+}
+
 part_twocold() {
     python3 bench/probes/node_times.py "$OUT/gpu_probe_node_times.json" --depth "${DYNAMIC_DEPTH:-8}" \
         --free-gib "${DYNAMIC_FREE_GIB:-6}" 2>&1 | tee "$OUT/gpu_probe_node_times.log" | tail -12
@@ -214,5 +221,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|statusstall|staticvram|staticorder|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
 esac
