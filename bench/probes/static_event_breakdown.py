@@ -108,10 +108,13 @@ def main():
         native_reports.append({k: report.get(k) for k in ("newly_pinned_bytes", "released_bytes", "regions_registered",
                                                           "pinned_bytes")})
 
+    # What makes an event reconcile: the weights' identity key or ComfyUI's own pins changed.
+    seen = {"keys": [], "comfy_pins": []}
     times.wrap(lifecycle, "reconcile", "event, in all")
-    times.wrap(lifecycle, "identity_key", "identity key")
+    times.wrap(lifecycle, "identity_key", "identity key", after=lambda key: seen["keys"].append(hash(key)))
     times.wrap(lifecycle, "host_ranges", "walk over the weights' storages")
-    times.wrap(seam, "foreign_pins", "ComfyUI's own pins read")
+    times.wrap(seam, "foreign_pins", "ComfyUI's own pins read",
+               after=lambda pins: seen["comfy_pins"].append([len(pins[0]), pins[1]]))
     times.wrap(home, "update", "pinned home")
     times.wrap(prefetch, "update", "prefetcher")
     times.wrap(native, "reconcile", "native reconcile (registration, release and its device wait)",
@@ -124,6 +127,8 @@ def main():
         extra = EXTRA_MIB[(index // 2) % len(EXTRA_MIB)] * MIB
         times.take()
         native_reports.clear()
+        seen["keys"].clear()
+        seen["comfy_pins"].clear()
         before = json.loads(native.status_json())["counters"]
         started = time.perf_counter()
         mm.load_models_gpu([patcher], memory_required=extra)
@@ -139,9 +144,12 @@ def main():
                      "seconds": round(seconds, 4), "loaded_in_vram_bytes": loaded,
                      "registrations": after["registrations"] - before["registrations"],
                      "releases": after["releases"] - before["releases"], "native_reports": list(native_reports),
+                     "identity_keys": len(seen["keys"]), "distinct_identity_keys": len(set(seen["keys"])),
+                     "comfy_pins_at_each_event": [list(p) for p in seen["comfy_pins"]],
                      "parts": times.take(), "finite": flux_model.finite(out)})
         print(json.dumps({k: rows[-1][k] for k in ("prompt", "queued_work_finished_first", "extra_mib", "seconds",
-                                                   "loaded_in_vram_bytes", "registrations", "releases")}),
+                                                   "loaded_in_vram_bytes", "registrations", "releases",
+                                                   "identity_keys", "distinct_identity_keys")}),
               json.dumps({k: v["ms"] for k, v in rows[-1]["parts"].items()}), flush=True)
     status = json.loads(native.status_json())
     result = {"probe": "static_event_breakdown", "date": time.strftime("%Y-%m-%d"), "depth": depth, "format": "fp8_scaled",
