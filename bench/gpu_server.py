@@ -143,6 +143,7 @@ def run_sequence(name, overrides, prompts, free_cycles=0):
             status = server.get("/viking/status")
             row["after_free"] = dict(pinned_bytes=status["pinned_bytes"], counters=status["counters"], settled=settled,
                                      release_failures=status["release_failures"], events=status["events"][-5:])
+            row["applied_changes"] = status.get("applied_changes", [])
         log = server.log_path.read_text(errors="replace")
     row["bad_log_lines"] = bad_lines(log)
     return row
@@ -220,6 +221,13 @@ def main():
     counters = after.get("counters", {})
     check(after.get("pinned_bytes") == 0 and counters.get("registrations") == counters.get("releases") and counters.get("failures") == 0,
           f"after /free every registration made was released: {counters}")
+    if not dynamic:
+        # A GPU model's first pins wait for the end of the prompt that loaded it (lifecycle._registrations_now).
+        after_prompt = [c for c in viking_row.get("applied_changes", []) if c["applied"] == "after the prompt"
+                        and c["change"].startswith("pinning")]
+        check(after_prompt and (viking_row["prompts"][0].get("pinned_bytes") or 0) > 0,
+              f"Viking: the weights' registrations ran once a prompt ended ({len(after_prompt)} time(s)) and the "
+              f"next prompt found them pinned")
     streamed = [p for p in viking_row["prompts"] if p.get("model_vram_bytes") is not None and p["model_vram_bytes"] < (p.get("model_wanted_bytes") or 0)]
     result["viking_streamed_prompts"] = len(streamed)
     rss = [c["rss_bytes"] for c in viking_row["cycles"]]

@@ -269,7 +269,9 @@ def release_cast_buffers(device) -> int:
 
 def streamed_modules(model) -> list:
     """Modules whose weights ComfyUI casts (streams) to the device at each use, with plain CPU
-    tensors for weight and bias (quantized / fp8-scaled weights keep ComfyUI's own path)."""
+    tensors for weight and bias (quantized / fp8-scaled weights keep ComfyUI's own path).
+    Read from each module's own tables: this runs at every event of a model ComfyUI loaded in
+    part, and nn.Module's attribute lookup was most of it."""
     import torch
 
     def plain(tensor):
@@ -277,9 +279,13 @@ def streamed_modules(model) -> list:
 
     found = []
     for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if getattr(module, "comfy_cast_weights", False) and plain(weight):
-            bias = getattr(module, "bias", None)
+        own = vars(module)
+        if not own.get("comfy_cast_weights", getattr(type(module), "comfy_cast_weights", False)):
+            continue
+        parameters = own.get("_parameters") or {}
+        weight = parameters.get("weight")
+        if plain(weight):
+            bias = parameters.get("bias")
             if bias is None or plain(bias):
                 found.append(module)
     return found

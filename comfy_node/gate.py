@@ -28,11 +28,15 @@ from .native import native
 log = logging.getLogger("viking_engine")
 lock = threading.RLock()
 _deferred: list[tuple[str, Callable[[], object]]] = []
+# Work that costs a running prompt time and can wait for the queue to be idle (the watcher runs
+# it): key -> (what, change); a later request for the same key replaces the earlier one.
+_after_prompt: dict[object, tuple[str, Callable[[], object]]] = {}
 _applied: list[dict] = []  # the last changes applied, where and when (for the status)
 _watcher: threading.Thread | None = None
 _relief = "native monitor"  # who releases pins under memory pressure (for the status)
 pressure_releases = 0  # bumped whenever pressure relief gave pins back: reconciles must not skip
 WATCH_SECONDS = 0.5
+AFTER_PROMPT_WATCH_SECONDS = 0.02
 
 
 def _remember(what: str, where: str):
@@ -54,7 +58,36 @@ def submit(what: str, change: Callable[[], object]) -> dict:
 
 
 def deferred() -> list[str]:
-    return [what for what, _ in list(_deferred)]
+    return [what for what, _ in list(_deferred)] + [what for what, _ in list(_after_prompt.values())]
+
+
+def watching() -> bool:
+    """Whether a watcher runs work left for the end of a prompt (inside a ComfyUI server)."""
+    return _relief == "gate watcher"
+
+
+def prompt_running() -> bool:
+    return comfy.prompt_running()
+
+
+def after_prompt(key, what: str, change: Callable[[], object]):
+    """Runs `change()` once no prompt runs (the watcher's next look), in place of any change
+    waiting under `key`."""
+    with lock:
+        _after_prompt[key] = (what, change)
+
+
+def _run_after_prompt():
+    # A change may leave more for later (a step of a long registration): the loop goes on until
+    # nothing waits or a prompt starts.
+    while _after_prompt and not comfy.prompt_running():
+        key = next(iter(_after_prompt))
+        what, change = _after_prompt.pop(key)
+        try:
+            change()
+            _remember(what, "after the prompt")
+        except Exception as error:  # noqa: BLE001 - one failed change must not stop the rest
+            log.warning("Viking Engine: %s failed: %s", what, error)
 
 
 def applied() -> list[dict]:
@@ -116,11 +149,14 @@ def relief() -> str:
 
 def _watch():
     while True:
-        time.sleep(WATCH_SECONDS)
+        # Work waiting for the queue to be idle is looked at often: the gap between two prompts
+        # of a queue is short.
+        time.sleep(AFTER_PROMPT_WATCH_SECONDS if _after_prompt else WATCH_SECONDS)
         try:
             with lock:
                 if not comfy.prompt_running():
                     drain("after the prompt")
+                    _run_after_prompt()
         except Exception as error:  # noqa: BLE001 - the watcher must keep going
             log.warning("Viking Engine: gate watcher: %s", error)
 

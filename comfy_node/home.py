@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import comfy
-from .weights import PLAIN, weight_kind
+from .weights import PLAIN, named_tree_tensors, weight_kind
 
 
 @dataclass
@@ -54,19 +54,20 @@ def update(patcher, record):
     home = record.home
     backup, hook_backup = comfy.patch_backups(patcher), comfy.hook_patched_keys(patcher)
     held, seen, all_in_ram = [], set(), True
-    for name, weight in comfy.named_weights(comfy.torch_model(patcher)):
+    for name, weight in named_tree_tensors(comfy.torch_model(patcher)):
         seen.add(name)
-        all_in_ram = all_in_ram and weight.device.type == "cpu"
-        if name in hook_backup:
-            continue  # hook-patched now; the home (if any) was taken before the hook applied
         current = backup[name].weight if name in backup else weight
         if weight_kind(current) != PLAIN or weight_kind(weight) != PLAIN:
             # A quantized or GGUF weight is not one tensor a `.to` swap can point back at its
             # home: it takes ComfyUI's own paths (its bytes in RAM are pinned all the same).
-            home.tensors.pop(name, None)
-            home.stamps.pop(name, None)
-            home.pending.pop(name, None)
+            if name in home.tensors or name in home.pending:
+                home.tensors.pop(name, None)
+                home.stamps.pop(name, None)
+                home.pending.pop(name, None)
             continue
+        all_in_ram = all_in_ram and weight.device.type == "cpu"
+        if name in hook_backup:
+            continue  # hook-patched now; the home (if any) was taken before the hook applied
         if current.device.type == "cpu":
             home.tensors[name] = current.data
             home.stamps.pop(name, None)

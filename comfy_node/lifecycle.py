@@ -120,21 +120,38 @@ def reconcile(patcher) -> dict | None:
         return record.last_report
     settings = record.settings
     _note_hooks(record, patcher)
+    # ComfyUI fires several events a prompt; in static mode most move nothing. The home and the
+    # prefetcher follow where the weights are, so they are brought up to date only when the
+    # model's weights (objects and addresses), its share in VRAM or its patches changed
+    # (measured on an H100, fp8-scaled Flux-shaped model: ~6 ms an event for the two otherwise,
+    # bench/probes/static_event_breakdown.py).
+    tree = tree_tensors(comfy.torch_model(patcher))
+    tree_key = identity_key(tree)
+    state = (tree_key, comfy.loaded_weight_bytes(patcher), comfy.loaded_in_part(patcher),
+             tuple(comfy.patch_backups(patcher)), tuple(comfy.hook_patched_keys(patcher)), record.hooks_seen,
+             id(settings), bool(record.home is not None and record.home.pending))
+    moved = state != record.static_state
     if settings.pinned_home and comfy.offloads_to_ram(patcher) and not record.hooks_seen:
-        home.update(patcher, record)
+        if moved or record.home is None:
+            home.update(patcher, record)
     else:
         record.home = None
-    report = _reconcile_ranges(native, patcher, record)
+    may_wait = comfy.offloads_to_ram(patcher)
+    report = _reconcile_ranges(native, patcher, record, tree=(tree, tree_key), may_wait=may_wait)
     if home.held_bytes(record) and skipped_for(report, "over_budget", "failed"):
         # All or nothing: a model whose home does not fit gets ComfyUI's ordinary unload.
         home.drop_held(record, "no pinned home: the budget has no room for a RAM copy of the weights in VRAM; "
                                "they unload the ordinary way")
-        report = _reconcile_ranges(native, patcher, record)
+        report = _reconcile_ranges(native, patcher, record, tree=(tree, tree_key), may_wait=may_wait)
     report["home_bytes"] = home.held_bytes(record)
     report["home_note"] = record.home.note if record.home is not None else None
     report["notes"] = list(record.notes)
-    report["prefetch"] = prefetch.update(patcher, record, settings.prefetch and not record.hooks_seen,
-                                         settings.prefetch_window_mib << 20)
+    if moved:
+        report["prefetch"] = prefetch.update(patcher, record, settings.prefetch and not record.hooks_seen,
+                                             settings.prefetch_window_mib << 20)
+    else:
+        report["prefetch"] = prefetch.between_runs(record)
+    record.static_state = state
     record.last_report = report
     for failure in report["failures"]:
         warn_once(record, f"a pin failed: {failure}")
@@ -167,21 +184,27 @@ def _note_hooks(record: ModelRecord, patcher):
     _drop_streaming(record)
 
 
-def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=()) -> dict:
+def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tree=None, may_wait=False) -> dict:
     """The native reconcile of the model's host ranges now; skipped (its last report, nothing
     done) when the model's weights are the same objects pointing at the same memory, the ledger
     is as at its last call and the budget has no room for more. ComfyUI fires about seven events
     a prompt that move nothing; the native call reads the process's memory map, RAM figures and
     lock count, and reading every weight's storages costs ~20 us a weight (measured on an H200:
     130-207 ms a prompt for a 5 GB fp8-scaled model in static mode when each event did both,
-    bench/probes/static_event_cost.py), so an event first compares a key that costs ~1 us a weight."""
+    bench/probes/static_event_cost.py), so an event first compares a key that costs ~1 us a weight.
+    `tree`: the model's own tensors and their identity key, when the caller has them already;
+    `may_wait`: new registrations may wait for the end of a running prompt (_registrations_now)."""
     global _ledger_changes
     settings = record.settings
-    tensors = host_weights(patcher)
+    if tree is None:
+        own = tree_tensors(comfy.torch_model(patcher))
+        tree = (own, identity_key(own))
+    others = _weights_beside_the_model(patcher)
+    tensors = tree[0] + others
     comfy_ranges, comfy_total = comfy.foreign_pins()
     backend = backend_for(settings.backend, patcher)
     signature = (gate.pressure_releases, native.deferred_failures(), backend, settings.priority, settings.label,
-                 settings.model_limit_gib, comfy_total, tuple(comfy_ranges), identity_key(tensors),
+                 settings.model_limit_gib, comfy_total, tuple(comfy_ranges), tree[1] + identity_key(others),
                  tuple((r[0], r[1]) for r in extra_ranges))
     last = record.native_report
     if (last is not None and record.native_signature == (_ledger_changes, signature) and not last["pending_bytes"]
@@ -190,8 +213,13 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=()) -> 
                 "evicted": []}
     found = host_ranges([as_read(t) for t in tensors], skip_storage=comfy.comfy_owned)
     _note_weights_left(record, found.left_to_comfyui)
+    ranges, waiting_bytes = found.ranges, 0
+    if may_wait and gate.watching():
+        ranges, waiting_bytes = _registrations_now(patcher, record, found.ranges)
+    record.registered_ptrs = {r[0] for r in ranges}
+    _note_waiting(record, waiting_bytes)
     report = json.loads(native.reconcile(
-        record.owner, found.ranges + list(extra_ranges),
+        record.owner, ranges + list(extra_ranges),
         priority=settings.priority,
         backend=backend,
         label=settings.label,
@@ -206,7 +234,58 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=()) -> 
     record.weight_kinds = {"bytes_by_kind": found.bytes_by_kind,
                            "left_to_comfyui": [{"what": what, "weights": n, "bytes": b}
                                                for what, (n, b) in sorted(found.left_to_comfyui.items())]}
+    report["waiting_bytes"] = waiting_bytes
     return report
+
+
+# New host memory a running prompt registers at once (about 5 ms of cuMemHostRegister on an
+# H100); more waits for the prompt to end, and is then registered in steps of IDLE_STEP_BYTES
+# (~20 ms each), each step only while no prompt runs.
+REGISTER_DURING_PROMPT_BYTES = 64 << 20
+IDLE_STEP_BYTES = 256 << 20
+WAITING_NOTE = "more to pin once the running prompt ends"
+
+
+def _registrations_now(patcher, record: ModelRecord, ranges: list) -> tuple[list, int]:
+    """The ranges to give the native reconcile now, and the new bytes that wait.
+    In static mode ComfyUI's loads of a GPU model leave new host memory behind (the weights it
+    moved back to RAM, a loader's buffer replaced by per-weight storages at the first load):
+    registering gigabytes of it costs a prompt ~80 ms a GB (measured on an H100,
+    bench/probes/static_event_breakdown.py), time ComfyUI alone never spends. So a running
+    prompt registers at most REGISTER_DURING_PROMPT_BYTES of new memory; the ranges registered
+    already are kept (and released as usual), and the rest is registered by the gate's watcher
+    once no prompt runs, a step at a time, so a prompt queued meanwhile waits one step at most."""
+    new = [r for r in ranges if r[0] not in record.registered_ptrs]
+    new_bytes = sum(r[1] for r in new)
+    running = gate.prompt_running()
+    if new_bytes <= (REGISTER_DURING_PROMPT_BYTES if running else IDLE_STEP_BYTES):
+        return ranges, 0
+    taken, step = set(), 0
+    for ptr, nbytes, _storage in ([] if running else new):
+        if step and step + nbytes > IDLE_STEP_BYTES:
+            break
+        taken.add(ptr)
+        step += nbytes
+    ref = weakref.ref(patcher)
+    gate.after_prompt(record.owner, f"pinning {record.settings.label or record.owner}'s weights after a prompt",
+                      lambda: _reconcile_after_prompt(ref))
+    return [r for r in ranges if r[0] in record.registered_ptrs or r[0] in taken], new_bytes - step
+
+
+def _reconcile_after_prompt(ref):
+    patcher = ref()
+    record = record_of(patcher) if patcher is not None else None
+    if record is None:
+        return None
+    record.native_signature = ()  # the last call held registrations back: walk and plan again
+    return reconcile(patcher)
+
+
+def _note_waiting(record: ModelRecord, waiting_bytes: int):
+    record.notes[:] = [note for note in record.notes if WAITING_NOTE not in note]
+    if waiting_bytes:
+        record.notes.append(f"{waiting_bytes / 2**30:.2f} GiB {WAITING_NOTE}: registering it now would cost the prompt "
+                            "time (ComfyUI moves this model between RAM and VRAM)")
 
 
 def _note_weights_left(record: ModelRecord, left: dict):
@@ -234,9 +313,14 @@ def host_weights(patcher) -> list:
     the original weights ComfyUI keeps while LoRA patches are applied, and the pinned home of
     the weights in VRAM, as their owners hold them (weights.as_read gives what to walk;
     host_ranges leaves out the storages ComfyUI's dynamic mode owns)."""
+    return tree_tensors(comfy.torch_model(patcher)) + _weights_beside_the_model(patcher)
+
+
+def _weights_beside_the_model(patcher) -> list:
+    """The host weights a patcher keeps outside its module: LoRA backups and the home's held copies."""
     record = record_of(patcher)
     held = home.held_tensors(record) if record is not None else []
-    return tree_tensors(comfy.torch_model(patcher)) + comfy.backup_weights(patcher) + held
+    return comfy.backup_weights(patcher) + held
 
 
 def skipped_for(report: dict, *reasons: str) -> bool:
@@ -345,6 +429,7 @@ def attach(patcher, settings: PinSettings) -> dict | None:
             record.finalizer = weakref.finalize(comfy.torch_model(patcher), _forget_dropped, owner)
         record.settings = settings
         record.dynamic_state = record.dynamic_signature = ()  # new settings: dynamic mode plans again
+        record.static_state = ()
         record.patcher = weakref.ref(patcher)
         record.vram_cap_bytes = vram_cap_bytes
         comfy.attach_callbacks(patcher, KEY, _on_event, _on_clone, _on_pre_run)

@@ -386,6 +386,14 @@ def update(patcher, record, enabled: bool, window_bytes: int = 0) -> dict | None
     return summary(record)
 
 
+def between_runs(record) -> dict | None:
+    """An event that moved no weight: the prefetcher (if any) holds no VRAM for copies ahead
+    until the next run starts, as update does when the streamed layers are the same."""
+    if record.prefetcher is not None:
+        record.prefetcher.idle()
+    return summary(record)
+
+
 def _contiguous(module) -> bool:
     bias = module.bias
     return module.weight.is_contiguous() and (bias is None or bias.is_contiguous())
