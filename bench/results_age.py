@@ -59,6 +59,10 @@ SOURCES = {
     "gpu_memlock.json": NATIVE + ["comfy_node/weights.py", "bench/probes/memlock_cuda.py"],
     "gpu_cpu_flag_0_3_75.json": NATIVE + SERVER + ["tests/test_gpu_server.py"],
     "gpu_cpu_flag_0_33.json": NATIVE + SERVER + ["tests/test_gpu_server.py"],
+    "gpu_dynamic_comfy_quant.json": DYNAMIC_BENCH,
+    "status_stall_24gib.json": NATIVE + ["bench/status_stall.py"],
+    "gpu_probe_static_event_breakdown.json": NATIVE + ["comfy_node", "bench/probes/static_event_breakdown.py",
+                                                        "bench/probes/static_event_cost.py", "bench/flux_model.py"],
 }
 # Probes of the code before a fix, kept on purpose as the evidence of its cause (the README says so).
 OF_OLDER_CODE = {"gpu_probe_lora_variants_0_3_75.json", "gpu_probe_lora_variants_0_33.json",
