@@ -91,3 +91,46 @@ def test_a_copy_of_a_wrapped_patcher_is_a_patcher_of_its_own():
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_a_running_prompt_registers_little_and_the_rest_waits_for_the_queue_to_be_idle(monkeypatch):
+    """Static mode on a GPU: new host memory over 64 MiB is not registered during a prompt
+    (it would cost the prompt ~80 ms a GB); the watcher registers it once no prompt runs, a step
+    of at most 256 MiB at a time, and stops as soon as a prompt starts."""
+    from comfy_node.models import ModelRecord, PinSettings
+
+    mib = 1 << 20
+    running = [True]
+    monkeypatch.setattr(comfy, "prompt_running", lambda: running[0])
+    monkeypatch.setattr(gate, "_after_prompt", {})
+    record = ModelRecord(owner=7, settings=PinSettings(label="model"))
+    record.registered_ptrs = {1}
+    patcher = Patcher()
+    ranges = [(1, 500 * mib, None), (2, 200 * mib, None), (3, 200 * mib, None)]
+
+    now, waiting = lifecycle._registrations_now(patcher, record, ranges)
+    assert now == ranges[:1] and waiting == 400 * mib  # what is registered already stays
+    assert gate.deferred() == ["pinning model's weights after a prompt"]
+    now, waiting = lifecycle._registrations_now(patcher, record, ranges[:1] + [(4, 32 * mib, None)])
+    assert waiting == 0 and len(now) == 2  # a little more: at once
+
+    running[0] = False
+    now, waiting = lifecycle._registrations_now(patcher, record, ranges)
+    assert now == ranges[:2] and waiting == 200 * mib  # idle: one step
+
+    steps = []
+
+    def step():
+        steps.append(len(steps))
+        if len(steps) == 2:
+            running[0] = True  # a prompt arrives: the rest waits for the next idle moment
+        gate.after_prompt("model", "a step", step)
+
+    gate._after_prompt.clear()
+    gate.after_prompt("model", "a step", step)
+    running[0] = True
+    gate._run_after_prompt()
+    assert steps == []  # nothing while a prompt runs
+    running[0] = False
+    gate._run_after_prompt()
+    assert steps == [0, 1] and gate.deferred() == ["a step"]
