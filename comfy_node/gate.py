@@ -17,6 +17,7 @@ thread's next Viking callback (`start(watch=False)`).
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -152,13 +153,29 @@ def _watch():
         # Work waiting for the queue to be idle is looked at often: the gap between two prompts
         # of a queue is short.
         time.sleep(AFTER_PROMPT_WATCH_SECONDS if _after_prompt else WATCH_SECONDS)
-        try:
-            with lock:
-                if not comfy.prompt_running():
-                    drain("after the prompt")
-                    _run_after_prompt()
-        except Exception as error:  # noqa: BLE001 - the watcher must keep going
-            log.warning("Viking Engine: gate watcher: %s", error)
+        _watch_once()
+
+
+def _watch_once():
+    """One look of the watcher. No cyclic garbage collection may start on this thread: a
+    collection finalizes whatever garbage the process holds, and some of ComfyUI's objects may
+    only be finalized on the thread that made them (ComfyUI 0.3.75's database connections:
+    SQLAlchemy tracebacks in the server log when the watcher's registrations set off a
+    collection, seen on an H200). The switch is process-wide, so it is off only while this
+    thread allocates; a collection that falls due meanwhile runs at another thread's next
+    allocation (ComfyUI's execution thread also collects after its prompts)."""
+    collecting = gc.isenabled()
+    gc.disable()  # before any allocation of this look
+    try:
+        with lock:
+            if not comfy.prompt_running():
+                drain("after the prompt")
+                _run_after_prompt()
+    except Exception as error:  # noqa: BLE001 - the watcher must keep going
+        log.warning("Viking Engine: gate watcher: %s", error)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def start(watch: bool = True):

@@ -131,12 +131,12 @@ def reconcile(patcher) -> dict | None:
              tuple(comfy.patch_backups(patcher)), tuple(comfy.hook_patched_keys(patcher)), record.hooks_seen,
              id(settings), bool(record.home is not None and record.home.pending))
     moved = state != record.static_state
-    if settings.pinned_home and comfy.offloads_to_ram(patcher) and not record.hooks_seen:
+    may_wait = comfy.offloads_to_ram(patcher)  # ComfyUI moves the model between RAM and VRAM
+    if settings.pinned_home and may_wait and not record.hooks_seen:
         if moved or record.home is None:
             home.update(patcher, record)
     else:
         record.home = None
-    may_wait = comfy.offloads_to_ram(patcher)
     report = _reconcile_ranges(native, patcher, record, tree=(tree, tree_key), may_wait=may_wait)
     if home.held_bytes(record) and skipped_for(report, "over_budget", "failed"):
         # All or nothing: a model whose home does not fit gets ComfyUI's ordinary unload.
@@ -216,7 +216,7 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
     ranges, waiting_bytes = found.ranges, 0
     if may_wait and gate.watching():
         ranges, waiting_bytes = _registrations_now(patcher, record, found.ranges)
-    record.registered_ptrs = {r[0] for r in ranges}
+    record.registered_ptrs, record.registered_after = {r[0] for r in ranges}, gate.pressure_releases
     _note_waiting(record, waiting_bytes)
     report = json.loads(native.reconcile(
         record.owner, ranges + list(extra_ranges),
@@ -255,6 +255,8 @@ def _registrations_now(patcher, record: ModelRecord, ranges: list) -> tuple[list
     prompt registers at most REGISTER_DURING_PROMPT_BYTES of new memory; the ranges registered
     already are kept (and released as usual), and the rest is registered by the gate's watcher
     once no prompt runs, a step at a time, so a prompt queued meanwhile waits one step at most."""
+    if record.registered_after != gate.pressure_releases:
+        record.registered_ptrs = set()  # pressure relief gave pins back since: not registered now
     new = [r for r in ranges if r[0] not in record.registered_ptrs]
     new_bytes = sum(r[1] for r in new)
     running = gate.prompt_running()
@@ -479,6 +481,9 @@ def _release(native, owner: int) -> int:
     """Releases one owner's pins (the ledger changes: see _ledger_changes)."""
     global _ledger_changes
     _ledger_changes += 1
+    record = models.get(owner)
+    if record is not None:
+        record.registered_ptrs = set()
     return native.release(owner)
 
 

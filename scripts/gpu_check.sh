@@ -27,6 +27,7 @@
 #   rounds1     the same for one model in ComfyUI's default dynamic mode
 #   rounds2     the same for two models in ComfyUI's default dynamic mode
 #   roundsfp8   the same for one fp8-scaled model (part fp8's model and VRAM), default dynamic mode
+#   roundscquant roundsgguf   the same for the comfy_quant and GGUF models of parts cquant and gguf
 #   statusstall what a status read costs the execution thread with 24 GiB pinned (bench/status_stall.py;
 #               this machine has the RAM the dev machine lacks)
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
@@ -183,6 +184,14 @@ part_rounds1() { rounds_bench gpu_dynamic_rounds_one.json dynamic dynamic_nodes;
 part_roundsfp8() {
     DYNAMIC_FREE_GIB=4 ROUNDS_ARGS="--format fp8_scaled" rounds_bench gpu_dynamic_rounds_fp8_scaled.json dynamic dynamic_nodes
 }
+# The same for the comfy_quant and GGUF models of parts cquant and gguf: a cold start with Viking
+# against ComfyUI alone, told apart from the spread between fresh servers.
+part_roundscquant() {
+    DYNAMIC_FREE_GIB=4 ROUNDS_ARGS="--format comfy_quant" rounds_bench gpu_dynamic_rounds_comfy_quant.json dynamic dynamic_nodes
+}
+part_roundsgguf() {
+    DYNAMIC_FREE_GIB=4 ROUNDS_ARGS="--format gguf" rounds_bench gpu_dynamic_rounds_gguf.json dynamic dynamic_nodes
+}
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
 static_probe() {  # RESULT_FILE ARGS...
     local result="$1"
@@ -221,5 +230,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
 esac

@@ -134,3 +134,51 @@ def test_a_running_prompt_registers_little_and_the_rest_waits_for_the_queue_to_b
     running[0] = False
     gate._run_after_prompt()
     assert steps == [0, 1] and gate.deferred() == ["a step"]
+
+
+def test_pins_given_back_under_pressure_count_as_new_again(monkeypatch):
+    """After pressure relief released the pins, the ranges a model had are new memory again: a
+    running prompt does not register them all at once (they wait for the queue to be idle)."""
+    from comfy_node.models import ModelRecord, PinSettings
+
+    mib = 1 << 20
+    monkeypatch.setattr(comfy, "prompt_running", lambda: True)
+    monkeypatch.setattr(gate, "_after_prompt", {})
+    record = ModelRecord(owner=8, settings=PinSettings(label="model"))
+    record.registered_ptrs, record.registered_after = {1}, gate.pressure_releases
+    ranges = [(1, 500 * mib, None)]
+    assert lifecycle._registrations_now(Patcher(), record, ranges) == (ranges, 0)
+    monkeypatch.setattr(gate, "pressure_releases", gate.pressure_releases + 1)
+    assert lifecycle._registrations_now(Patcher(), record, ranges) == ([], 500 * mib)
+
+
+def test_the_watcher_never_runs_a_garbage_collection(monkeypatch):
+    """A collection finalizes whatever garbage the process holds, some of it only safe on the
+    thread that made it (ComfyUI 0.3.75's database connections). The watcher's work, however
+    much it allocates, sets none off on its own thread, and leaves collection switched on."""
+    import gc
+
+    monkeypatch.setattr(comfy, "prompt_running", lambda: False)
+    monkeypatch.setattr(gate, "_after_prompt", {})
+    monkeypatch.setattr(gate, "_deferred", [])
+    monkeypatch.setattr(gate, "native", None)
+    monkeypatch.setattr(gate.dynamic, "govern", lambda: None)
+    kept = []
+    gate.after_prompt("model", "allocating", lambda: kept.extend([[i] for i in range(20000)]))
+    here = threading.get_ident()
+    collections_here = []
+
+    def note(phase, info):
+        if phase == "start" and threading.get_ident() == here:
+            collections_here.append(info["generation"])
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(note)
+    try:
+        gc.set_threshold(10)
+        gate._watch_once()
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(note)
+    assert len(kept) == 20000 and gate.deferred() == []
+    assert collections_here == [] and gc.isenabled()
