@@ -28,6 +28,7 @@
 #   rounds2     the same for two models in ComfyUI's default dynamic mode
 #   roundsfp8   the same for one fp8-scaled model (part fp8's model and VRAM), default dynamic mode
 #   roundscquant roundsgguf   the same for the comfy_quant and GGUF models of parts cquant and gguf
+#   coldfp8     the fp8-scaled model, three servers each: alone, Pin Model, a clone node, engine mode
 #   statusstall what a status read costs the execution thread with 24 GiB pinned (bench/status_stall.py;
 #               this machine has the RAM the dev machine lacks)
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
@@ -192,6 +193,13 @@ part_roundscquant() {
 part_roundsgguf() {
     DYNAMIC_FREE_GIB=4 ROUNDS_ARGS="--format gguf" rounds_bench gpu_dynamic_rounds_gguf.json dynamic dynamic_nodes
 }
+# Where the fp8-scaled cold start's time goes with the Pin Model: three servers each of alone,
+# the Pin Model, a clone node with no Viking (what any node that hands the sampler a clone
+# costs) and engine mode (Viking with no node).
+part_coldfp8() {
+    DYNAMIC_FREE_GIB=4 ROUNDS_ARGS="--format fp8_scaled" rounds_bench gpu_dynamic_cold_fp8_scaled.json \
+        dynamic dynamic_nodes dynamic_clone dynamic_engine
+}
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
 static_probe() {  # RESULT_FILE ARGS...
     local result="$1"
@@ -230,5 +238,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
 esac
