@@ -227,7 +227,8 @@ def graph(mode: str, seed: int) -> dict:
         model = [loader, 0]
         if wrap == "VikingPinModel":
             api[pin] = {"class_type": wrap, "inputs": {"model": model, "budget_gib": 0.0, "headroom_gib": 0.0, "backend": "auto",
-                                                       "priority": 0, "pinned_home": True, "vram_cap_gib": 0.0}}
+                                                       "priority": 0, "pinned_home": True, "vram_cap_gib": 0.0,
+                                                       "file_residency": "_nofile" not in mode}}
             model = [pin, 0]
         elif wrap is not None:
             api[pin] = {"class_type": wrap, "inputs": {"model": model}}

@@ -28,7 +28,8 @@
 #   rounds2     the same for two models in ComfyUI's default dynamic mode
 #   roundsfp8   the same for one fp8-scaled model (part fp8's model and VRAM), default dynamic mode
 #   roundscquant roundsgguf   the same for the comfy_quant and GGUF models of parts cquant and gguf
-#   coldfp8     the fp8-scaled model, three servers each: alone, Pin Model, a clone node, engine mode
+#   coldfp8     the fp8-scaled model, three servers each: alone, Pin Model, the Pin Model with
+#               file_residency off, a clone node, engine mode
 #   statusstall what a status read costs the execution thread with 24 GiB pinned (bench/status_stall.py;
 #               this machine has the RAM the dev machine lacks)
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
@@ -196,9 +197,16 @@ part_roundsgguf() {
 # Where the fp8-scaled cold start's time goes with the Pin Model: three servers each of alone,
 # the Pin Model, a clone node with no Viking (what any node that hands the sampler a clone
 # costs) and engine mode (Viking with no node).
+# Through the node-times probe: each prompt's seconds per node and ComfyUI's load lines too
+# (the bench's own file beside it: gpu_dynamic_cold_fp8_scaled.bench.json).
 part_coldfp8() {
-    DYNAMIC_FREE_GIB=4 ROUNDS_ARGS="--format fp8_scaled" rounds_bench gpu_dynamic_cold_fp8_scaled.json \
-        dynamic dynamic_nodes dynamic_clone dynamic_engine
+    local modes="" suffix
+    for round in 1 2 3; do
+        suffix=$([ $round = 1 ] || echo "#$round")
+        for mode in dynamic dynamic_nodes dynamic_nofile_nodes dynamic_clone dynamic_engine; do modes+="${modes:+,}$mode$suffix"; done
+    done
+    python3 bench/probes/node_times.py "$OUT/gpu_dynamic_cold_fp8_scaled.json" --modes "$modes" --format fp8_scaled \
+        --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/gpu_dynamic_cold_fp8_scaled.log" | tail -20
 }
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
 static_probe() {  # RESULT_FILE ARGS...
