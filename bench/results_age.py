@@ -63,6 +63,8 @@ SOURCES = {
     "gpu_dynamic_rounds_fp8_scaled.json": DYNAMIC_BENCH,
     "gpu_dynamic_rounds_comfy_quant.json": DYNAMIC_BENCH,
     "gpu_dynamic_rounds_gguf.json": DYNAMIC_BENCH,
+    "gpu_dynamic_cold_fp8_scaled.json": DYNAMIC_BENCH + ["bench/probes/node_times.py"],  # node times of its prompts
+    "gpu_dynamic_cold_fp8_scaled.bench.json": DYNAMIC_BENCH + ["bench/probes/node_times.py"],  # the bench's own file
     "status_stall_24gib.json": NATIVE + ["bench/status_stall.py"],
     "gpu_probe_static_event_breakdown.json": NATIVE + ["comfy_node", "bench/probes/static_event_breakdown.py",
                                                         "bench/probes/static_event_cost.py", "bench/flux_model.py"],

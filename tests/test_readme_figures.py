@@ -47,6 +47,11 @@ def f(value, digits):
     return f"{value:.{digits}f}"
 
 
+def card(data) -> str:
+    """The GPU a result file was measured on, as the README names it ("H200", "H100")."""
+    return re.search(r"NVIDIA (H\d+)", data["device"]).group(1)
+
+
 def perf():
     d = load("gpu_perf.json")["cases"]
     pin, bw, low = d["pin"]["pin"], d["pin"]["bandwidth"], d["low_viking"]
@@ -77,7 +82,7 @@ def vram_cap():
         out.append(text)
     viking = sorted(r["over_floor"] for r in d["rows"] if r["mode"] == "viking")
     alone = sorted(r["over_floor"] for r in d["rows"] if r["mode"] == "comfy")
-    out.append(f"{round(100 * viking[0] - 100)}-{round(100 * viking[-1] - 100)}% above the PCIe\n  floor on an H200 "
+    out.append(f"{round(100 * viking[0] - 100)}-{round(100 * viking[-1] - 100)}% above the PCIe\n  floor on an {card(d)} "
                f"(ComfyUI alone at the same cap: {round(100 * alone[0] - 100)}-{round(100 * alone[-1] - 100)}% above it)")
     return out
 
@@ -94,7 +99,7 @@ def home():
         f"{f(turns['viking']['total_s'], 2)} s ({f(turns['viking']['median_turn_s'], 2)} s a turn) | **{f(d['alternate']['speedup'], 1)}x** |",
         f"| {comfy['rss_bytes'] / 1e9:.1f} GB | {viking['rss_bytes'] / 1e9:.1f} GB |",
         f"| {turns['comfy']['rss_bytes'] / 1e9:.1f} GB | {turns['viking']['rss_bytes'] / 1e9:.1f} GB |",
-        f"ran {f(d['alternate']['speedup'], 1)}x faster on an H200",
+        f"ran {f(d['alternate']['speedup'], 1)}x faster on an {card(load('gpu_home_timing.json'))}",
     ]
 
 
