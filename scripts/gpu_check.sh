@@ -30,6 +30,8 @@
 #   roundscquant roundsgguf   the same for the comfy_quant and GGUF models of parts cquant and gguf
 #   coldfp8     the fp8-scaled model, three servers each: alone, Pin Model, the Pin Model with
 #               file_residency off, a clone node, engine mode
+#   staticfp8   the fp8-scaled model in 0.33 static mode, alone and with the Pin Model, three servers
+#               each, seconds per node (bench/probes/node_times.py)
 #   statusstall what a status read costs the execution thread with 24 GiB pinned (bench/status_stall.py;
 #               this machine has the RAM the dev machine lacks)
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
@@ -208,6 +210,18 @@ part_coldfp8() {
     python3 bench/probes/node_times.py "$OUT/gpu_dynamic_cold_fp8_scaled.json" --modes "$modes" --format fp8_scaled \
         --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/gpu_dynamic_cold_fp8_scaled.log" | tail -20
 }
+# 0.33 static mode (--disable-dynamic-vram), the fp8-scaled model: alone and with the Pin Model,
+# three servers each, with each prompt's seconds per node (one server each gave the Pin Model's
+# cold start 1.13x at f969328 and 1.17x at c4b002b; comfy_quant 0.99x and 1.02x).
+part_staticfp8() {
+    local modes="dynamic" suffix  # dynamic alone once: the latents' reference
+    for round in 1 2 3; do
+        suffix=$([ $round = 1 ] || echo "#$round")
+        for mode in static static_nodes; do modes+="${modes:+,}$mode$suffix"; done
+    done
+    python3 bench/probes/node_times.py "$OUT/gpu_probe_static_fp8_node_times.json" --modes "$modes" --format fp8_scaled \
+        --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/gpu_probe_static_fp8_node_times.log" | tail -12
+}
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
 static_probe() {  # RESULT_FILE ARGS...
     local result="$1"
@@ -246,5 +260,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
 esac
