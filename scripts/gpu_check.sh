@@ -173,14 +173,18 @@ part_two() {
     dynamic_bench gpu_dynamic_two.json dynamic_two,dynamic_two_nodes,dynamic_fastdisk_two,dynamic_fastdisk_two_nodes,dynamic_fastdisk_two_engine
 }
 # Three fresh servers per mode, interleaved (alone, nodes, alone, nodes, ...): RESULT_FILE MODE...
-rounds_bench() {
-    local result="$1" modes="" suffix
-    shift
+round_modes() {  # MODE... -> "A,B,A#2,B#2,A#3,B#3": three fresh servers per mode, interleaved
+    local modes="" suffix
     for round in 1 2 3; do
         suffix=$([ $round = 1 ] || echo "#$round")
         for mode in "$@"; do modes+="${modes:+,}$mode$suffix"; done
     done
-    dynamic_bench "$result" "$modes" ${ROUNDS_ARGS:-}
+    echo "$modes"
+}
+rounds_bench() {
+    local result="$1"
+    shift
+    dynamic_bench "$result" "$(round_modes "$@")" ${ROUNDS_ARGS:-}
 }
 part_rounds() { rounds_bench gpu_dynamic_rounds.json dynamic_fastdisk_two dynamic_fastdisk_two_nodes; }
 part_rounds1() { rounds_bench gpu_dynamic_rounds_one.json dynamic dynamic_nodes; }
@@ -197,29 +201,21 @@ part_roundsgguf() {
     DYNAMIC_FREE_GIB=4 ROUNDS_ARGS="--format gguf" rounds_bench gpu_dynamic_rounds_gguf.json dynamic dynamic_nodes
 }
 # Where the fp8-scaled cold start's time goes with the Pin Model: three servers each of alone,
-# the Pin Model, a clone node with no Viking (what any node that hands the sampler a clone
-# costs) and engine mode (Viking with no node).
-# Through the node-times probe: each prompt's seconds per node and ComfyUI's load lines too
-# (the bench's own file beside it: gpu_dynamic_cold_fp8_scaled.bench.json).
+# the Pin Model (file_residency on and off), a clone node with no Viking (what any node that
+# hands the sampler a clone costs) and engine mode (Viking with no node); through the node-times
+# probe, so each prompt has its seconds per node and ComfyUI's load lines (the bench's own file
+# beside it: gpu_dynamic_cold_fp8_scaled.bench.json).
 part_coldfp8() {
-    local modes="" suffix
-    for round in 1 2 3; do
-        suffix=$([ $round = 1 ] || echo "#$round")
-        for mode in dynamic dynamic_nodes dynamic_nofile_nodes dynamic_clone dynamic_engine; do modes+="${modes:+,}$mode$suffix"; done
-    done
-    python3 bench/probes/node_times.py "$OUT/gpu_dynamic_cold_fp8_scaled.json" --modes "$modes" --format fp8_scaled \
+    python3 bench/probes/node_times.py "$OUT/gpu_dynamic_cold_fp8_scaled.json" --format fp8_scaled \
+        --modes "$(round_modes dynamic dynamic_nodes dynamic_nofile_nodes dynamic_clone dynamic_engine)" \
         --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/gpu_dynamic_cold_fp8_scaled.log" | tail -20
 }
 # 0.33 static mode (--disable-dynamic-vram), the fp8-scaled model: alone and with the Pin Model,
 # three servers each, with each prompt's seconds per node (one server each gave the Pin Model's
 # cold start 1.13x at f969328 and 1.17x at c4b002b; comfy_quant 0.99x and 1.02x).
-part_staticfp8() {
-    local modes="dynamic" suffix  # dynamic alone once: the latents' reference
-    for round in 1 2 3; do
-        suffix=$([ $round = 1 ] || echo "#$round")
-        for mode in static static_nodes; do modes+="${modes:+,}$mode$suffix"; done
-    done
-    python3 bench/probes/node_times.py "$OUT/gpu_probe_static_fp8_node_times.json" --modes "$modes" --format fp8_scaled \
+part_staticfp8() {  # dynamic alone once first: the latents' reference
+    python3 bench/probes/node_times.py "$OUT/gpu_probe_static_fp8_node_times.json" --format fp8_scaled \
+        --modes "dynamic,$(round_modes static static_nodes)" \
         --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/gpu_probe_static_fp8_node_times.log" | tail -12
 }
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
