@@ -23,6 +23,7 @@ SERVER = ["comfy_node", "bench/server_tools.py", "tests/comfy_server.py", "tests
 # not measure it.
 NOT_DYNAMIC = [":(exclude)comfy_node/dynamic.py"]
 DYNAMIC_BENCH = NATIVE + SERVER + ["bench/gpu_dynamic.py", "bench/flux_model.py"]
+NODE_TIMES = DYNAMIC_BENCH + ["bench/probes/node_times.py"]  # bench/probes/node_times.py runs gpu_dynamic.py in-process
 # What each result file measured: the code whose change makes its figures old.
 SOURCES = {
     "gpu_perf.json": NATIVE + STREAMING + ["bench/gpu_perf.py"],
@@ -44,7 +45,7 @@ SOURCES = {
                                               "tests/memory_cgroup.py"],
     "gpu_probe_registration_vram.json": NATIVE + ["bench/probes/registration_vram.py"],
     "gpu_probe_static_vram.json": DYNAMIC_BENCH + ["bench/probes/static_vram.py"],  # runs gpu_dynamic.py in-process
-    "gpu_probe_node_times.json": DYNAMIC_BENCH + ["bench/probes/node_times.py"],  # likewise
+    "gpu_probe_node_times.json": NODE_TIMES,  # likewise
     "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
     "static_event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/static_event_cost.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
@@ -63,8 +64,8 @@ SOURCES = {
     "gpu_dynamic_rounds_fp8_scaled.json": DYNAMIC_BENCH,
     "gpu_dynamic_rounds_comfy_quant.json": DYNAMIC_BENCH,
     "gpu_dynamic_rounds_gguf.json": DYNAMIC_BENCH,
-    "gpu_dynamic_cold_fp8_scaled.json": DYNAMIC_BENCH + ["bench/probes/node_times.py"],  # node times of its prompts
-    "gpu_dynamic_cold_fp8_scaled.bench.json": DYNAMIC_BENCH + ["bench/probes/node_times.py"],  # the bench's own file
+    "gpu_dynamic_cold_fp8_scaled.json": NODE_TIMES,  # node times of its prompts
+    "gpu_dynamic_cold_fp8_scaled.bench.json": NODE_TIMES,  # the bench's own file beside it
     "status_stall_24gib.json": NATIVE + ["bench/status_stall.py"],
     "gpu_probe_static_event_breakdown.json": NATIVE + ["comfy_node", "bench/probes/static_event_breakdown.py",
                                                         "bench/probes/static_event_cost.py", "bench/flux_model.py"],
