@@ -173,9 +173,9 @@ part_two() {
     dynamic_bench gpu_dynamic_two.json dynamic_two,dynamic_two_nodes,dynamic_fastdisk_two,dynamic_fastdisk_two_nodes,dynamic_fastdisk_two_engine
 }
 # Three fresh servers per mode, interleaved (alone, nodes, alone, nodes, ...): RESULT_FILE MODE...
-round_modes() {  # MODE... -> "A,B,A#2,B#2,A#3,B#3": three fresh servers per mode, interleaved
+round_modes() {  # MODE... -> "A,B,A#2,B#2,A#3,B#3": ROUNDS (3) fresh servers per mode, interleaved
     local modes="" suffix
-    for round in 1 2 3; do
+    for round in $(seq "${ROUNDS:-3}"); do
         suffix=$([ $round = 1 ] || echo "#$round")
         for mode in "$@"; do modes+="${modes:+,}$mode$suffix"; done
     done
