@@ -267,28 +267,35 @@ def release_cast_buffers(device) -> int:
     return freed
 
 
-def streamed_modules(model) -> list:
-    """Modules whose weights ComfyUI casts (streams) to the device at each use, with plain CPU
-    tensors for weight and bias (quantized / fp8-scaled weights keep ComfyUI's own path).
+def streamed_modules(model) -> tuple[list, int]:
+    """(modules whose weights ComfyUI casts (streams) to the device at each use, with plain CPU
+    tensors for weight and bias; the number of other streamed modules, whose CPU weight is not
+    a plain tensor: quantized / fp8-scaled / GGUF, copied by ComfyUI through its own buffers).
     Read from each module's own tables: this runs at every event of a model ComfyUI loaded in
     part, and nn.Module's attribute lookup was most of it."""
     import torch
 
-    def plain(tensor):
-        return tensor is not None and type(as_read(tensor)) is torch.Tensor and tensor.device.type == "cpu"
+    def on_cpu(tensor):
+        try:
+            return tensor is not None and tensor.device.type == "cpu"
+        except Exception:  # noqa: BLE001 - a weight type nobody here knows: counted as ComfyUI's
+            return True
 
-    found = []
+    def plain(tensor):
+        return on_cpu(tensor) and type(as_read(tensor)) is torch.Tensor
+
+    found, others = [], 0
     for module in model.modules():
         own = vars(module)
         if not own.get("comfy_cast_weights", getattr(type(module), "comfy_cast_weights", False)):
             continue
         parameters = own.get("_parameters") or {}
-        weight = parameters.get("weight")
-        if plain(weight):
-            bias = parameters.get("bias")
-            if bias is None or plain(bias):
-                found.append(module)
-    return found
+        weight, bias = parameters.get("weight"), parameters.get("bias")
+        if plain(weight) and (bias is None or plain(bias)):
+            found.append(module)
+        elif on_cpu(weight) or on_cpu(bias):
+            others += 1
+    return found, others
 
 
 def sampled_in_steps(patcher) -> bool:

@@ -188,7 +188,7 @@ class Status(NativeStatus):
     owners: List[ModelStatus]  # type: ignore[misc]
     comfy: ComfyHost
     native: dict  # native.build_info(): where the module came from, and whether it matches the source
-    time_in_viking: dict  # kind ("event", "eviction_check") -> {"calls", "seconds"} since start
+    time_in_viking: dict  # kind ("event", "watch", "event/walk", ...) -> {"calls", "seconds"} since start
     deferred_changes: List[str]
     applied_changes: List[dict]
     pressure_relief: str  # gate.relief(): "gate watcher", "execution thread" or "native monitor"

@@ -27,7 +27,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import comfy
+from . import comfy, timing
 from .weights import PLAIN, named_tree_tensors, weight_kind
 
 
@@ -54,12 +54,17 @@ def update(patcher, record):
     home = record.home
     backup, hook_backup = comfy.patch_backups(patcher), comfy.hook_patched_keys(patcher)
     held, seen, all_in_ram = [], set(), True
-    for name, weight in named_tree_tensors(comfy.torch_model(patcher)):
+    weights = [(name, weight, backup[name].weight if name in backup else weight)
+               for name, weight in named_tree_tensors(comfy.torch_model(patcher))]
+    # A quantized or GGUF weight is not one tensor a `.to` swap can point back at its home: it
+    # takes ComfyUI's own paths (its bytes in RAM are pinned all the same), and so does the rest
+    # of its module (a quantized layer's plain bias: a few KB, and a watch on every layer that
+    # moves, home.watching, cost more than copying it).
+    mixed = {name.rpartition(".")[0] for name, weight, current in weights
+             if weight_kind(current) != PLAIN or weight_kind(weight) != PLAIN}
+    for name, weight, current in weights:
         seen.add(name)
-        current = backup[name].weight if name in backup else weight
-        if weight_kind(current) != PLAIN or weight_kind(weight) != PLAIN:
-            # A quantized or GGUF weight is not one tensor a `.to` swap can point back at its
-            # home: it takes ComfyUI's own paths (its bytes in RAM are pinned all the same).
+        if name.rpartition(".")[0] in mixed:
             if name in home.tensors or name in home.pending:
                 home.tensors.pop(name, None)
                 home.stamps.pop(name, None)
@@ -165,30 +170,33 @@ def _send_home(module, home: Home, prefix: str, weights, hooked: set) -> int:
 def watching(patcher, record):
     """For the duration of one ComfyUI call that moves weights (ModelPatcher.load,
     unpatch_model, partially_unload), the torch module `model` and each of its submodules that
-    holds weights get an instance-level `to` that records VRAM copies made from a home and, when
-    the target is the CPU, first points the weights that have a home back at it. Why there:
+    holds a weight with a home get an instance-level `to` that records VRAM copies made from a
+    home and, when the target is the CPU, first points the weights that have a home back at it. Why there:
     ComfyUI moves weights with `model.to(...)` and `module.to(...)`, and restores its patch
     backups before it moves them back; no callback runs in between. Nothing stays on the
     modules after the call (so they still deep-copy and pickle as usual)."""
     installed = []
-    model = comfy.torch_model(patcher)
-    if record.home is not None and record.home.tensors:  # nothing at home: nothing to record or send
-        for prefix, module in list(model.named_modules()):
-            holds_weights = next(_named_weights_here(module), None) is not None
-            if (module is model or holds_weights) and "to" not in vars(module):
+    with timing.timed("watch"):
+        model = comfy.torch_model(patcher)
+        # The model itself and the modules that hold a weight with a home: nothing to record or
+        # send for the others (a model of quantized layers has homes for a few norms only).
+        paths = set()
+        if record.home is not None and record.home.tensors:
+            paths = {""} | {name.rpartition(".")[0] for name in record.home.tensors}
+        for prefix in sorted(paths):
+            try:
+                module = model.get_submodule(prefix) if prefix else model
+            except AttributeError:
+                continue  # gone since the home was taken: the next event brings it up to date
+            if "to" not in vars(module):
                 module.to = _home_first_to(weakref.ref(module), prefix, record, weakref.ref(patcher))
                 installed.append(module)
     try:
         yield
     finally:
-        for module in installed:
-            del module.to
-
-
-def _named_weights_here(module):
-    from itertools import chain
-
-    return chain(module.named_parameters(recurse=False), module.named_buffers(recurse=False))
+        with timing.timed("watch"):
+            for module in installed:
+                del module.to
 
 
 def _home_first_to(module_ref, prefix: str, record, patcher_ref):

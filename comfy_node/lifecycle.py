@@ -134,7 +134,8 @@ def reconcile(patcher) -> dict | None:
     may_wait = comfy.offloads_to_ram(patcher)  # ComfyUI moves the model between RAM and VRAM
     if settings.pinned_home and may_wait and not record.hooks_seen:
         if moved or record.home is None:
-            home.update(patcher, record)
+            with timing.timed("event/home"):
+                home.update(patcher, record)
     else:
         record.home = None
     report = _reconcile_ranges(native, patcher, record, tree=(tree, tree_key), may_wait=may_wait)
@@ -147,8 +148,9 @@ def reconcile(patcher) -> dict | None:
     report["home_note"] = record.home.note if record.home is not None else None
     report["notes"] = list(record.notes)
     if moved:
-        report["prefetch"] = prefetch.update(patcher, record, settings.prefetch and not record.hooks_seen,
-                                             settings.prefetch_window_mib << 20)
+        with timing.timed("event/prefetch"):
+            report["prefetch"] = prefetch.update(patcher, record, settings.prefetch and not record.hooks_seen,
+                                                 settings.prefetch_window_mib << 20)
     else:
         report["prefetch"] = prefetch.between_runs(record)
     record.static_state = state
@@ -192,7 +194,8 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
     lock count, and reading every weight's storages costs ~20 us a weight (measured on an H200:
     130-207 ms a prompt for a 5 GB fp8-scaled model in static mode when each event did both,
     bench/probes/static_event_cost.py), so an event first compares a key that costs ~1 us a weight.
-    `tree`: the model's own tensors and their identity key, when the caller has them already;
+    A change of ComfyUI's own pins alone waits for the end of a running prompt
+    (_only_comfy_pins_moved). `tree`: the model's own tensors and their identity key, when the caller has them already;
     `may_wait`: new registrations may wait for the end of a running prompt (_registrations_now)."""
     global _ledger_changes
     settings = record.settings
@@ -204,31 +207,39 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
     comfy_ranges, comfy_total = comfy.foreign_pins()
     backend = backend_for(settings.backend, patcher)
     signature = (gate.pressure_releases, native.deferred_failures(), backend, settings.priority, settings.label,
-                 settings.model_limit_gib, comfy_total, tuple(comfy_ranges), tree[1] + identity_key(others),
-                 tuple((r[0], r[1]) for r in extra_ranges))
+                 settings.model_limit_gib, tree[1] + identity_key(others), tuple((r[0], r[1]) for r in extra_ranges))
+    comfy_pins = (comfy_total, tuple(comfy_ranges))
     last = record.native_report
-    if (last is not None and record.native_signature == (_ledger_changes, signature) and not last["pending_bytes"]
-            and not _budget_may_fit_more(native, last)):
-        return {**last, "newly_pinned_bytes": 0, "released_bytes": 0, "regions_registered": 0, "failures": [],
-                "evicted": []}
-    found = host_ranges([as_read(t) for t in tensors], skip_storage=comfy.comfy_owned)
+    if last is not None and record.native_signature[:2] == (_ledger_changes, signature) and not last["pending_bytes"]:
+        nothing_done = {**last, "newly_pinned_bytes": 0, "released_bytes": 0, "regions_registered": 0, "failures": [],
+                        "evicted": []}
+        if record.native_signature[2] == comfy_pins and not _budget_may_fit_more(native, last):
+            return nothing_done
+        if _only_comfy_pins_moved(record, last, comfy_total):
+            ref = weakref.ref(patcher)
+            gate.after_prompt(record.owner, f"planning {settings.label or record.owner}'s pins again after a prompt",
+                              lambda: _reconcile_after_prompt(ref))
+            return nothing_done
+    with timing.timed("event/walk"):
+        found = host_ranges([as_read(t) for t in tensors], skip_storage=comfy.comfy_owned)
     _note_weights_left(record, found.left_to_comfyui)
     ranges, waiting_bytes = found.ranges, 0
     if may_wait and gate.watching():
         ranges, waiting_bytes = _registrations_now(patcher, record, found.ranges)
     record.registered_ptrs, record.registered_after = {r[0] for r in ranges}, gate.pressure_releases
     _note_waiting(record, waiting_bytes)
-    report = json.loads(native.reconcile(
-        record.owner, ranges + list(extra_ranges),
-        priority=settings.priority,
-        backend=backend,
-        label=settings.label,
-        model_limit_gib=settings.model_limit_gib,
-        foreign=found.pinned_elsewhere + comfy_ranges,
-        others_pinned_bytes=comfy_total,
-    ))
+    with timing.timed("event/native"):
+        report = json.loads(native.reconcile(
+            record.owner, ranges + list(extra_ranges),
+            priority=settings.priority,
+            backend=backend,
+            label=settings.label,
+            model_limit_gib=settings.model_limit_gib,
+            foreign=found.pinned_elsewhere + comfy_ranges,
+            others_pinned_bytes=comfy_total,
+        ))
     _ledger_changes += 1
-    record.native_report, record.native_signature = dict(report), (_ledger_changes, signature)
+    record.native_report, record.native_signature = dict(report), (_ledger_changes, signature, comfy_pins)
     if set(found.bytes_by_kind) - {PLAIN} and KINDS_NOTE not in record.notes:
         record.notes.append(KINDS_NOTE)
     record.weight_kinds = {"bytes_by_kind": found.bytes_by_kind,
@@ -236,6 +247,19 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
                                                for what, (n, b) in sorted(found.left_to_comfyui.items())]}
     report["waiting_bytes"] = waiting_bytes
     return report
+
+
+def _only_comfy_pins_moved(record: ModelRecord, last: dict, comfy_total: int) -> bool:
+    """Whether a plan can wait for the end of the running prompt: nothing of the model changed,
+    only ComfyUI's own pinned set (its static mode pins and unpins offloaded weights at each
+    partial load, and an fp8-scaled Flux-shaped model's walk and plan cost ~3 ms an event on an
+    H100, 6-7 events a prompt: gpu_probe_static_fp8_node_times.json at 943008c). ComfyUI's pins
+    never overlap Viking's (CUDA registers a range once) and stay within its own ceiling; what
+    they grew by must also fit the room the last plan left, so Viking and ComfyUI together stay
+    within the budget until then. A server's watcher makes the plan once the queue is idle."""
+    grown = comfy_total - record.native_signature[2][0]
+    return (gate.watching() and gate.prompt_running() and "budget" in last
+            and grown <= last["budget"]["room_bytes"])
 
 
 # New host memory a running prompt registers at once (about 5 ms of cuMemHostRegister on an
@@ -279,7 +303,7 @@ def _reconcile_after_prompt(ref):
     record = record_of(patcher) if patcher is not None else None
     if record is None:
         return None
-    record.native_signature = ()  # the last call held registrations back: walk and plan again
+    record.native_signature = ()  # the last call held registrations or a plan back: walk and plan again
     return reconcile(patcher)
 
 

@@ -23,7 +23,8 @@ import torch  # noqa: E402
 import comfy.model_patcher  # noqa: E402
 import comfy.ops  # noqa: E402
 
-from comfy_node import lifecycle  # noqa: E402
+from comfy_node import comfy as comfy_seam  # noqa: E402
+from comfy_node import home, lifecycle, models  # noqa: E402
 from comfy_node.native import require  # noqa: E402
 from comfy_node.weights import module_tensors, storage_parts  # noqa: E402
 
@@ -164,6 +165,81 @@ if quantized_layout:  # ComfyUI 0.33: comfy-kitchen's QuantizedTensor weights
         first_quantized["pinned_bytes"] >= MIB and counting.reconciles == before + 1 and now != own
         and swapped["newly_pinned_bytes"] >= MIB and swapped["released_bytes"] >= MIB
         and swapped["pinned_bytes"] == owner_pinned(quantized))
+
+    # A layer ComfyUI streams with a quantized weight: ComfyUI copies it through its own buffers,
+    # so no prefetcher may take those over; and its plain bias gets no home (the module moves
+    # the ComfyUI way), so the pinned home's watch is set on the model and the plain layer only.
+    mixed = torch.nn.Sequential(comfy.ops.disable_weight_init.Linear(1024, 1024, bias=True),
+                                comfy.ops.disable_weight_init.Linear(64, 64, bias=True))
+    mixed[0].weight = quantized_weight(10)
+    for layer in mixed:
+        layer.comfy_cast_weights = True  # as ComfyUI marks the layers it streams in a lowvram load
+    plain_streamed, comfy_streamed = comfy_seam.streamed_modules(mixed)
+    checks["a streamed quantized layer is ComfyUI's to copy: the prefetcher would get the plain one only"] = (
+        plain_streamed == [mixed[1]] and comfy_streamed == 1)
+    mixed_patcher = comfy.model_patcher.ModelPatcher(mixed, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+    record = models.ModelRecord(owner=-1, settings=settings("mixed"))
+    home.update(mixed_patcher, record)
+    with home.watching(mixed_patcher, record):
+        watched = [name for name, module in mixed.named_modules() if "to" in vars(module)]
+    checks["a quantized layer's plain bias has no home, and only homed layers are watched"] = (
+        sorted(record.home.tensors) == ["1.bias", "1.weight"] and watched == ["", "1"]
+        and not any("to" in vars(module) for module in mixed.modules()))
+
+# ComfyUI's own pins change while a prompt runs (0.33's static mode pins offloaded weights at
+# each partial load): the plan waits for the end of the prompt, unless they grew past the room
+# the last plan left. Whether a prompt runs is what ComfyUI's server queue says; its server
+# module cannot be imported outside main.py's set-up, so a stand-in holds that one queue here
+# (the real one is in the GPU check's static-mode servers: part staticfp8).
+import time  # noqa: E402
+import types  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import comfy.model_management as mm  # noqa: E402
+
+from comfy_node import gate  # noqa: E402
+
+gate.start(watch=True)
+queue = SimpleNamespace(currently_running={})
+sys.modules["server"] = types.ModuleType("server")
+sys.modules["server"].PromptServer = SimpleNamespace(instance=SimpleNamespace(prompt_queue=queue))
+elsewhere = torch.empty(8 * MIB, dtype=torch.uint8)  # memory ComfyUI registered, as its PINNED_MEMORY lists it
+
+
+def comfy_pins(nbytes):
+    mm.PINNED_MEMORY = {elsewhere.data_ptr(): nbytes} if nbytes else {}
+    mm.TOTAL_PINNED_MEMORY = nbytes
+
+
+def wait_for_reconciles(count):
+    deadline = time.time() + 10
+    while counting.reconciles < count and time.time() < deadline:
+        time.sleep(0.01)
+    return counting.reconciles
+
+
+lifecycle.reconcile(low)  # up to date with the ledger after the other models' reconciles
+queue.currently_running = {1: "a prompt"}
+comfy_pins(1 * MIB)
+before, walked = counting.reconciles, walks["count"]
+during = lifecycle.reconcile(low)
+checks["ComfyUI's pins alone changed during a prompt: no walk, no plan until it ends"] = (
+    counting.reconciles == before and walks["count"] == walked and during["newly_pinned_bytes"] == 0
+    and any("after a prompt" in what for what in gate.deferred()))
+queue.currently_running = {}
+checks["the gate's watcher plans once the prompt is over, with ComfyUI's pins counted"] = (
+    wait_for_reconciles(before + 1) == before + 1 and owner_pinned(low) == 8 * MIB
+    and json.loads(native.status_json())["memory"]["pinned_by_others"] == 1 * MIB)
+queue.currently_running = {1: "a prompt"}
+before = counting.reconciles
+comfy_pins(8 * MIB)  # 7 MiB more: past the 4 MiB the 12 MiB budget had left
+grown = lifecycle.reconcile(low)
+checks["ComfyUI's pins grown past the room left: planned at once"] = (
+    counting.reconciles == before + 1 and json.loads(native.status_json())["memory"]["pinned_by_others"] == 8 * MIB
+    and grown["pinned_bytes"] <= grown["budget"]["limit_bytes"])
+comfy_pins(0)
+queue.currently_running = {}
+wait_for_reconciles(before + 2)
 
 lifecycle.unpin()
 print(json.dumps(checks, indent=1))

@@ -76,7 +76,7 @@ def layer_bytes(layer):
 
 def make(window_layers=3):
     net = Net()
-    modules = streamed_modules(net)
+    modules, _ = streamed_modules(net)
     copies = CpuCopies()
     prefetcher = Prefetcher(net, modules, "cpu", window_layers * aligned(block_bytes(modules[0])), copies=copies)
     originals = {id(m): m.weight.data_ptr() for m in modules}
@@ -108,7 +108,7 @@ def all_home(modules, originals):
 
 def test_streamed_layers_are_the_marked_ones():
     net = Net()
-    assert streamed_modules(net) == list(net.layers)
+    assert streamed_modules(net) == (list(net.layers), 0)
 
 
 def test_copies_run_ahead_within_the_window_and_outputs_are_identical():

@@ -21,6 +21,9 @@ README = "\n".join(path.read_text() for path in [REPO / "README.md", *sorted((RE
 sys.path.insert(0, str(REPO / "bench"))
 from results_age import OF_OLDER_CODE, RESULTS, SOURCES, AgeUnknown, older_than_their_code, recorded  # noqa: E402
 
+sys.path.insert(0, str(REPO))
+from comfy_node.timing import total_seconds  # noqa: E402
+
 # A result file, read once per test run by the extractors.
 load = functools.cache(recorded)
 
@@ -184,7 +187,7 @@ def dynamic_fastdisk():
 def viking_ms_per_prompt(prompts) -> list[float]:
     """Milliseconds Viking spent inside ComfyUI's calls in each prompt (the status's
     `time_in_viking` counts since the server started)."""
-    totals = [sum(kind["seconds"] for kind in p["time_in_viking"].values()) for p in prompts]
+    totals = [total_seconds(p["time_in_viking"]) for p in prompts]
     return [1000 * (now - before) for before, now in zip([0.0] + totals, totals)]
 
 
