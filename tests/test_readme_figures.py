@@ -9,6 +9,7 @@ exactly those files."""
 
 import functools
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -330,6 +331,29 @@ def node_times():
     return out
 
 
+def static_fp8_rounds():
+    """0.33 static mode, fp8-scaled, fresh servers per mode: per mode the cold start (mean and
+    range of the servers), the warm prompt (each server's median: mean and range), and the Pin
+    Model over alone at each stage."""
+    modes = load("gpu_probe_static_fp8_node_times.bench.json")["modes"]
+
+    def stage(base, index):
+        servers = [m for m in modes if m.split("#")[0] == base]
+        if index == "warm":
+            return [statistics.median(p["seconds"] for p in modes[m]["prompts"] if p["stage"] == "warm") for m in servers]
+        return [modes[m]["prompts"][index]["seconds"] for m in servers]
+
+    def spread(values, digits):
+        return f"{f(statistics.mean(values), digits)} s ({f(min(values), digits)}-{f(max(values), digits)})"
+
+    def ratio(index):
+        return f(statistics.mean(stage("static_nodes", index)) / statistics.mean(stage("static", index)), 2) + "x"
+    return [f"cold start {spread(stage('static', 0), 2)} against {spread(stage('static_nodes', 0), 2)}: {ratio(0)}",
+            f"warm {spread(stage('static', 'warm'), 3)} against {spread(stage('static_nodes', 'warm'), 3)}: **{ratio('warm')}**",
+            f"after pressure {ratio(-1)}",
+            f"{ratio(0)} cold, **{ratio('warm')} warm**"]
+
+
 def static_event_cost():
     d = load("static_event_cost_cpu.json")
     return [f"{f(d['median_ms']['this'], 2)} ms (no native reconcile)",
@@ -350,6 +374,7 @@ FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timin
            "event_cost_cpu.json": event_cost, "plan.json": plan, "static_event_cost_cpu.json": static_event_cost,
            "gpu_probe_static_vram.json": lambda: static_vram("gpu_probe_static_vram.json"),
            "gpu_probe_node_times.json": node_times,
+           "gpu_probe_static_fp8_node_times.bench.json": static_fp8_rounds,
            "swap_cpu.json": swap}
 
 
