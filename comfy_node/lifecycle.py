@@ -125,11 +125,21 @@ def reconcile(patcher) -> dict | None:
     # model's weights (objects and addresses), its share in VRAM or its patches changed
     # (measured on an H100, fp8-scaled Flux-shaped model: ~6 ms an event for the two otherwise,
     # bench/probes/static_event_breakdown.py).
-    tree = tree_tensors(comfy.torch_model(patcher))
+    model = comfy.torch_model(patcher)
+    comfy_state = (id(model), comfy.loaded_weight_bytes(patcher), comfy.loaded_in_part(patcher),
+                   tuple(comfy.patch_backups(patcher)), tuple(comfy.hook_patched_keys(patcher)), record.hooks_seen,
+                   id(settings), bool(record.home is not None and record.home.pending))
+    if _prompt_moved_nothing(record, comfy_state):
+        # Reading the weights waits for the end of the prompt (the gate's watcher); the
+        # prefetcher still lets go of its copies at the end of each sampling run.
+        ref = weakref.ref(patcher)
+        gate.after_prompt((record.owner, "weights"), f"checking {settings.label or record.owner}'s weights after a prompt",
+                          lambda: _reconcile_if_alive(ref))
+        record.last_report["prefetch"] = prefetch.between_runs(record)
+        return record.last_report
+    tree = tree_tensors(model)
     tree_key = identity_key(tree)
-    state = (tree_key, comfy.loaded_weight_bytes(patcher), comfy.loaded_in_part(patcher),
-             tuple(comfy.patch_backups(patcher)), tuple(comfy.hook_patched_keys(patcher)), record.hooks_seen,
-             id(settings), bool(record.home is not None and record.home.pending))
+    state = (tree_key,) + comfy_state
     moved = state != record.static_state
     may_wait = comfy.offloads_to_ram(patcher)  # ComfyUI moves the model between RAM and VRAM
     if settings.pinned_home and may_wait and not record.hooks_seen:
@@ -153,11 +163,25 @@ def reconcile(patcher) -> dict | None:
                                                  settings.prefetch_window_mib << 20)
     else:
         report["prefetch"] = prefetch.between_runs(record)
-    record.static_state = state
+    record.static_state, record.static_ledger = state, (_ledger_changes, gate.pressure_releases)
     record.last_report = report
     for failure in report["failures"]:
         warn_once(record, f"a pin failed: {failure}")
     return report
+
+
+def _prompt_moved_nothing(record: ModelRecord, comfy_state: tuple) -> bool:
+    """Whether a static-mode event during a running prompt may skip reading the model's weights:
+    ComfyUI moves weights between RAM and VRAM, and patches them, only through the calls whose
+    effects `comfy_state` holds (its VRAM share, patch backups, hook patches, the torch model),
+    and none of those changed since the last event. Reading the weights' identity costs ~1 us a
+    weight, and six or seven such events a prompt cost an fp8-scaled Flux-shaped model ~15 ms of
+    each prompt on an H100 (gpu_probe_static_fp8_node_times.bench.json at 077e3c9). A weight
+    replaced some other way during the prompt is found by the check the gate's watcher makes
+    once the prompt has ended (Viking's pins keep the replaced memory alive until then)."""
+    return (record.last_report is not None and record.static_state[1:] == comfy_state
+            and record.static_ledger == (_ledger_changes, gate.pressure_releases)
+            and gate.watching() and gate.prompt_running() and _comfy_pins_fit(record, comfy.comfy_pinned_total()))
 
 
 # A model the budget left incomplete is planned again only once the shared budget has this much
@@ -194,9 +218,10 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
     lock count, and reading every weight's storages costs ~20 us a weight (measured on an H200:
     130-207 ms a prompt for a 5 GB fp8-scaled model in static mode when each event did both,
     bench/probes/static_event_cost.py), so an event first compares a key that costs ~1 us a weight.
-    A change of ComfyUI's own pins alone waits for the end of a running prompt
-    (_only_comfy_pins_moved). `tree`: the model's own tensors and their identity key, when the caller has them already;
-    `may_wait`: new registrations may wait for the end of a running prompt (_registrations_now)."""
+    A plan that only ComfyUI's own pins or more budget room call for waits for the end of a
+    running prompt (_plan_may_wait). `tree`: the model's own tensors and their identity key,
+    when the caller has them already; `may_wait`: new registrations may wait for the end of a
+    running prompt (_registrations_now)."""
     global _ledger_changes
     settings = record.settings
     if tree is None:
@@ -215,7 +240,7 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
                         "evicted": []}
         if record.native_signature[2] == comfy_pins and not _budget_may_fit_more(native, last):
             return nothing_done
-        if _only_comfy_pins_moved(record, last, comfy_total):
+        if _plan_may_wait(record, comfy_total):
             ref = weakref.ref(patcher)
             gate.after_prompt(record.owner, f"planning {settings.label or record.owner}'s pins again after a prompt",
                               lambda: _reconcile_after_prompt(ref))
@@ -249,17 +274,23 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
     return report
 
 
-def _only_comfy_pins_moved(record: ModelRecord, last: dict, comfy_total: int) -> bool:
-    """Whether a plan can wait for the end of the running prompt: nothing of the model changed,
-    only ComfyUI's own pinned set (its static mode pins and unpins offloaded weights at each
-    partial load, and an fp8-scaled Flux-shaped model's walk and plan cost ~3 ms an event on an
-    H100, 6-7 events a prompt: gpu_probe_static_fp8_node_times.json at 943008c). ComfyUI's pins
-    never overlap Viking's (CUDA registers a range once) and stay within its own ceiling; what
-    they grew by must also fit the room the last plan left, so Viking and ComfyUI together stay
-    within the budget until then. A server's watcher makes the plan once the queue is idle."""
-    grown = comfy_total - record.native_signature[2][0]
-    return (gate.watching() and gate.prompt_running() and "budget" in last
-            and grown <= last["budget"]["room_bytes"])
+def _plan_may_wait(record: ModelRecord, comfy_total: int) -> bool:
+    """Whether a plan of a model whose own weights did not change can wait for the end of the
+    running prompt: what calls for it is ComfyUI's own pinned set (its static mode pins and
+    unpins offloaded weights at each partial load) or room in the budget for more. An
+    fp8-scaled Flux-shaped model's walk and plan cost ~5 ms on an H100
+    (gpu_probe_static_fp8_node_times.bench.json at 077e3c9). ComfyUI's pins never overlap
+    Viking's (CUDA registers a range once) and stay within its own ceiling; what they grew by
+    must also fit the room the last plan left. A server's watcher plans once the queue is idle."""
+    return gate.watching() and gate.prompt_running() and _comfy_pins_fit(record, comfy_total)
+
+
+def _comfy_pins_fit(record: ModelRecord, comfy_total: int) -> bool:
+    """ComfyUI's own pins have grown (to `comfy_total`) by no more than the room the model's
+    last plan left: Viking's pins and ComfyUI's together stay within the budget."""
+    last = record.native_report
+    return (last is not None and len(record.native_signature) == 3 and "budget" in last
+            and comfy_total - record.native_signature[2][0] <= last["budget"]["room_bytes"])
 
 
 # New host memory a running prompt registers at once (about 5 ms of cuMemHostRegister on an

@@ -42,6 +42,7 @@ class ModelRecord:
     native_signature: tuple = ()  # ledger's change count then (lifecycle._reconcile_ranges)
     dynamic_state: tuple = ()  # ComfyUI's staging totals and the model when they were last walked
     static_state: tuple = ()  # static mode: the weights, their VRAM share and patches at the last event
+    static_ledger: tuple = ()  # the ledger's change count and the pressure releases then
     registered_ptrs: set = field(default_factory=set)  # the host ranges given to the last native reconcile,
     registered_after: int = 0  # when gate.pressure_releases had this count (relief gives pins back)
     sampled: bool = False  # dynamic mode: sampled once, so ComfyUI's staging of it is decided

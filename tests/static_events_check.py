@@ -241,6 +241,23 @@ comfy_pins(0)
 queue.currently_running = {}
 wait_for_reconciles(before + 2)
 
+# During a prompt, an event after which ComfyUI's own record of the model (its VRAM share,
+# patches, the torch model) is unchanged reads no weight; a weight replaced some other way is
+# pinned once the prompt has ended, by the gate's watcher.
+lifecycle.reconcile(low)
+queue.currently_running = {1: "a prompt"}
+before = counting.reconciles
+replacement = torch.nn.Parameter(torch.randn(512, 512), requires_grad=False)
+low.model[2].weight = replacement
+during = lifecycle.reconcile(low)
+checks["during a prompt, an event ComfyUI moved nothing for reads no weight"] = (
+    counting.reconciles == before and during["newly_pinned_bytes"] == 0
+    and replacement.data_ptr() not in lifecycle.record_of(low).registered_ptrs)
+queue.currently_running = {}
+checks["a weight replaced during the prompt is pinned once it has ended"] = (
+    wait_for_reconciles(before + 1) == before + 1 and replacement.data_ptr() in lifecycle.record_of(low).registered_ptrs
+    and owner_pinned(low) == 8 * MIB)
+
 lifecycle.unpin()
 print(json.dumps(checks, indent=1))
 sys.exit(0 if all(checks.values()) else 1)
