@@ -142,23 +142,8 @@ def as_read(tensor):
 
 def tree_tensors(module) -> list:
     """The parameter and buffer objects of a torch module and its children, as the modules hold
-    them (no `.data` views), in `modules()` order. One walk of the modules' own tables, each
-    module once: torch's recursive `modules()` generators were a third of a static-mode event
-    (bench/probes/static_event_cost.py, ComfyUI 0.33's fp8-scaled Flux-shaped model)."""
-    found, seen, stack = [], set(), [module]
-    while stack:
-        current = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        own = vars(current)
-        for table in (own.get("_parameters"), own.get("_buffers")):
-            if table:
-                found += [t for t in table.values() if t is not None]
-        children = own.get("_modules")
-        if children:
-            stack += [child for child in reversed(children.values()) if child is not None]
-    return found
+    them (no `.data` views)."""
+    return [t for current in module.modules() for t in own_tensors(current)]
 
 
 def named_tree_tensors(model):
