@@ -30,8 +30,8 @@ log = logging.getLogger("viking_engine")
 lock = threading.RLock()
 _deferred: list[tuple[str, Callable[[], object]]] = []
 # Work that costs a running prompt time and can wait for the queue to be idle (the watcher runs
-# it): key -> (what, change); a later request for the same key replaces the earlier one.
-_after_prompt: dict[object, tuple[str, Callable[[], object]]] = {}
+# it): key -> (what, change, shown); a later request for the same key replaces the earlier one.
+_after_prompt: dict[object, tuple[str, Callable[[], object], bool]] = {}
 _applied: list[dict] = []  # the last changes applied, where and when (for the status)
 _watcher: threading.Thread | None = None
 _relief = "native monitor"  # who releases pins under memory pressure (for the status)
@@ -59,7 +59,9 @@ def submit(what: str, change: Callable[[], object]) -> dict:
 
 
 def deferred() -> list[str]:
-    return [what for what, _ in list(_deferred)] + [what for what, _ in list(_after_prompt.values())]
+    """What waits, for the status: the changes asked for and the work a user would miss (not the
+    routine checks made after each prompt)."""
+    return [what for what, _ in list(_deferred)] + [what for what, _, shown in list(_after_prompt.values()) if shown]
 
 
 def watching() -> bool:
@@ -71,11 +73,12 @@ def prompt_running() -> bool:
     return comfy.prompt_running()
 
 
-def after_prompt(key, what: str, change: Callable[[], object]):
+def after_prompt(key, what: str, change: Callable[[], object], shown: bool = True):
     """Runs `change()` once no prompt runs (the watcher's next look), in place of any change
-    waiting under `key`."""
+    waiting under `key`. `shown`: listed among the status's deferred changes (False for a
+    routine check after each prompt)."""
     with lock:
-        _after_prompt[key] = (what, change)
+        _after_prompt[key] = (what, change, shown)
 
 
 def _run_after_prompt():
@@ -83,7 +86,7 @@ def _run_after_prompt():
     # nothing waits or a prompt starts.
     while _after_prompt and not comfy.prompt_running():
         key = next(iter(_after_prompt))
-        what, change = _after_prompt.pop(key)
+        what, change, _shown = _after_prompt.pop(key)
         try:
             change()
             _remember(what, "after the prompt")

@@ -134,7 +134,7 @@ def reconcile(patcher) -> dict | None:
         # prefetcher still lets go of its copies at the end of each sampling run.
         ref = weakref.ref(patcher)
         gate.after_prompt((record.owner, "weights"), f"checking {settings.label or record.owner}'s weights after a prompt",
-                          lambda: _reconcile_if_alive(ref))
+                          lambda: _reconcile_if_alive(ref), shown=False)
         record.last_report["prefetch"] = prefetch.between_runs(record)
         return record.last_report
     tree = tree_tensors(model)
@@ -243,7 +243,7 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
         if _plan_may_wait(record, comfy_total):
             ref = weakref.ref(patcher)
             gate.after_prompt(record.owner, f"planning {settings.label or record.owner}'s pins again after a prompt",
-                              lambda: _reconcile_after_prompt(ref))
+                              lambda: _reconcile_after_prompt(ref), shown=False)
             return nothing_done
     with timing.timed("event/walk"):
         found = host_ranges([as_read(t) for t in tensors], skip_storage=comfy.comfy_owned)

@@ -225,7 +225,8 @@ before, walked = counting.reconciles, walks["count"]
 during = lifecycle.reconcile(low)
 checks["ComfyUI's pins alone changed during a prompt: no walk, no plan until it ends"] = (
     counting.reconciles == before and walks["count"] == walked and during["newly_pinned_bytes"] == 0
-    and any("after a prompt" in what for what in gate.deferred()))
+    and any("after a prompt" in what for what, _change, _shown in gate._after_prompt.values())
+    and not gate.deferred())  # routine work: not among the status's deferred changes
 queue.currently_running = {}
 checks["the gate's watcher plans once the prompt is over, with ComfyUI's pins counted"] = (
     wait_for_reconciles(before + 1) == before + 1 and owner_pinned(low) == 8 * MIB
