@@ -171,9 +171,9 @@ def watching(patcher, record):
     """For the duration of one ComfyUI call that moves weights (ModelPatcher.load,
     unpatch_model, partially_unload), the torch module `model` and each of its submodules that
     holds a weight with a home get an instance-level `to` that records VRAM copies made from a
-    home and, when the target is the CPU, first points the weights that have a home back at it. Why there:
-    ComfyUI moves weights with `model.to(...)` and `module.to(...)`, and restores its patch
-    backups before it moves them back; no callback runs in between. Nothing stays on the
+    home and, when the target is the CPU, first points the weights that have a home back at it.
+    Why there: ComfyUI moves weights with `model.to(...)` and `module.to(...)`, and restores its
+    patch backups before it moves them back; no callback runs in between. Nothing stays on the
     modules after the call (so they still deep-copy and pickle as usual)."""
     installed = []
     with timing.timed("watch"):
