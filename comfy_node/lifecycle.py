@@ -339,10 +339,9 @@ def _reconcile_after_prompt(ref):
 
 
 def _note_waiting(record: ModelRecord, waiting_bytes: int):
-    record.notes[:] = [note for note in record.notes if WAITING_NOTE not in note]
-    if waiting_bytes:
-        record.notes.append(f"{waiting_bytes / 2**30:.2f} GiB {WAITING_NOTE}: registering it now would cost the prompt "
-                            "time (ComfyUI moves this model between RAM and VRAM)")
+    record.set_note(WAITING_NOTE, waiting_bytes and (
+        f"{waiting_bytes / 2**30:.2f} GiB {WAITING_NOTE}: registering it now would cost the prompt "
+        "time (ComfyUI moves this model between RAM and VRAM)"))
 
 
 def _note_weights_left(record: ModelRecord, left: dict):

@@ -52,6 +52,11 @@ class ModelRecord:
     weight_kinds: dict = field(default_factory=dict)
     warnings_said: set = field(default_factory=set)  # what was already said for this model (log and notes)
 
+    def set_note(self, marker: str, text: str | None):
+        """The model's one note containing `marker`, replaced by `text` (None: removed). For a
+        note whose figures follow the latest event (bytes waiting, layers left to ComfyUI)."""
+        self.notes[:] = [note for note in self.notes if marker not in note] + ([text] if text else [])
+
     def live_patcher(self):
         return self.patcher() if self.patcher is not None else None
 

@@ -377,7 +377,7 @@ def update(patcher, record, enabled: bool, window_bytes: int = 0) -> dict | None
         # beside the quantized ones cost 30-50 ms a prompt (gpu_probe_static_fp8_node_times.json
         # at 943008c).
         modules = []
-        _note_once(record, MIXED_NOTE.format(count=comfy_streams))
+        record.set_note(MIXED_MARKER, MIXED_NOTE.format(count=comfy_streams))
     if current is not None and [id(m) for m in current.modules] == [id(m) for m in modules]:
         current.idle()  # between runs, no VRAM held for copies ahead
         return summary(record)
@@ -397,14 +397,9 @@ def update(patcher, record, enabled: bool, window_bytes: int = 0) -> dict | None
     return summary(record)
 
 
-MIXED_NOTE = ("no prefetch: {count} streamed layer(s) hold quantized or GGUF weights that ComfyUI copies "
-              "through its own streaming buffers, which a prefetcher would take over")
-
-
-def _note_once(record, text: str):
-    """One note per kind: the count in it follows the model's latest load."""
-    head = text.split(":", 1)[0]
-    record.notes[:] = [note for note in record.notes if not note.startswith(head + ":")] + [text]
+MIXED_MARKER = "hold quantized or GGUF weights that ComfyUI copies"
+MIXED_NOTE = ("no prefetch: {count} streamed layer(s) " + MIXED_MARKER +
+              " through its own streaming buffers, which a prefetcher would take over")
 
 
 def between_runs(record) -> dict | None:
