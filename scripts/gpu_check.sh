@@ -116,17 +116,23 @@ part_platforms() {
         | tee "$OUT/platforms.log" | tail -25
 }
 
-part_servers375() {
-    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "0.3.75 and not dynamic" 2>&1 | tee "$OUT/servers375.log"
+# The server bench keeps a few lines of each traceback in its result file; the servers' whole
+# logs stay in their temporary folders. Each traceback there, with the lines before it and
+# through its exception, is kept beside the results: NAME_tracebacks.log.
+server_part() {  # NAME PYTEST_FILTER
+    local name="$1" since status=0
+    since=$(mktemp)
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "$2" 2>&1 | tee "$OUT/$name.log" || status=$?
+    find /tmp -maxdepth 2 -path '/tmp/gpu_server_*' -name 'comfy-*.log' -newer "$since" -print0 \
+        | xargs -0 -r grep -H -B3 -A40 '^Traceback' > "$OUT/${name}_tracebacks.log" || true
+    [[ -s "$OUT/${name}_tracebacks.log" ]] || rm -f "$OUT/${name}_tracebacks.log"
+    rm -f "$since"
+    return "$status"
 }
 
-part_servers033() {
-    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "not dynamic and 0.33" 2>&1 | tee "$OUT/servers033.log"
-}
-
-part_servers033dyn() {
-    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_server.py -k "dynamic and 0.33" 2>&1 | tee "$OUT/servers033dyn.log"
-}
+part_servers375() { server_part servers375 "0.3.75 and not dynamic"; }
+part_servers033() { server_part servers033 "not dynamic and 0.33"; }
+part_servers033dyn() { server_part servers033dyn "dynamic and 0.33"; }
 
 part_home() {
     python3 bench/comfy_home.py .comfy/ComfyUI "$OUT/gpu_home_timing.json" --parts timing,alternate --reps 3 --switches 4 2>&1 | tail -20
