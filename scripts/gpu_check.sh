@@ -179,11 +179,18 @@ part_two() {
     dynamic_bench gpu_dynamic_two.json dynamic_two,dynamic_two_nodes,dynamic_fastdisk_two,dynamic_fastdisk_two_nodes,dynamic_fastdisk_two_engine
 }
 # Three fresh servers per mode, interleaved (alone, nodes, alone, nodes, ...): RESULT_FILE MODE...
-round_modes() {  # MODE... -> "A,B,A#2,B#2,A#3,B#3": ROUNDS (3) fresh servers per mode, interleaved
-    local modes="" suffix
+# MODE... -> "A,B,B#2,A#2,A#3,B#3": ROUNDS (3) fresh servers per mode, interleaved, the order
+# reversed every other round so that no mode always runs right after the same other one.
+round_modes() {
+    local modes="" suffix order
     for round in $(seq "${ROUNDS:-3}"); do
         suffix=$([ $round = 1 ] || echo "#$round")
-        for mode in "$@"; do modes+="${modes:+,}$mode$suffix"; done
+        order=("$@")
+        if (( round % 2 == 0 )); then
+            order=()
+            for (( i = $#; i >= 1; i-- )); do order+=("${!i}"); done
+        fi
+        for mode in "${order[@]}"; do modes+="${modes:+,}$mode$suffix"; done
     done
     echo "$modes"
 }
