@@ -95,6 +95,17 @@ def comfy_unavailable(version=DEFAULT_COMFY):
     return comfy_install(version).unavailable()
 
 
+def database_url(base_dir, port) -> str:
+    """ComfyUI's database for one server: a file of its own in its base directory, as a user's
+    ComfyUI has one (the default, user/comfyui.db inside the tree, is a folder that does not
+    exist there; two servers on one file would stop at "database is locked"). Not an in-memory
+    one: ComfyUI 0.3.75's init_db leaves its migration connection to the garbage collector, and
+    SQLAlchemy keeps an in-memory SQLite connection to the thread that made it, so a collection
+    on any other thread (ComfyUI's execution thread collects after prompts) logs three
+    tracebacks of SQLAlchemy's pool (tests/test_harness_database.py)."""
+    return f"sqlite:///{Path(base_dir).resolve()}/comfyui-{port}.db"
+
+
 # ---- base directory ------------------------------------------------------------------------------
 def cached_checkpoint(seed=0, vae="kl"):
     """Path of the synthetic checkpoint for (seed, vae), written once under .comfy/cache.
@@ -184,12 +195,9 @@ class ComfyServer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.base_dir / f"comfy-{self.port}.log"
-        # The default database lives inside the ComfyUI tree (user/comfyui.db, a folder that does
-        # not exist there) and fails to open; an in-memory one keeps runs independent and quiet
-        # (0.3.75 and 0.33 both take the flag).
         self.cmd = [str(python), "main.py", "--listen", "127.0.0.1", "--port", str(self.port),
                     "--disable-auto-launch", "--base-directory", str(self.base_dir),
-                    "--database-url", "sqlite:///:memory:"] + (["--cpu"] if cpu else []) + list(extra_args)
+                    "--database-url", database_url(self.base_dir, self.port)] + (["--cpu"] if cpu else []) + list(extra_args)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.start_timeout = start_timeout
         self.comfy_dir = Path(comfy_dir)
