@@ -178,7 +178,6 @@ part_fastdisk() { dynamic_bench gpu_dynamic_fastdisk.json dynamic_fastdisk,dynam
 part_two() {
     dynamic_bench gpu_dynamic_two.json dynamic_two,dynamic_two_nodes,dynamic_fastdisk_two,dynamic_fastdisk_two_nodes,dynamic_fastdisk_two_engine
 }
-# Three fresh servers per mode, interleaved (alone, nodes, alone, nodes, ...): RESULT_FILE MODE...
 # MODE... -> "A,B,B#2,A#2,A#3,B#3": ROUNDS (3) fresh servers per mode, interleaved, the order
 # reversed every other round so that no mode always runs right after the same other one.
 round_modes() {
@@ -194,7 +193,7 @@ round_modes() {
     done
     echo "$modes"
 }
-rounds_bench() {
+rounds_bench() {  # RESULT_FILE MODE...: the dynamic bench over round_modes' servers
     local result="$1"
     shift
     dynamic_bench "$result" "$(round_modes "$@")" ${ROUNDS_ARGS:-}
