@@ -353,10 +353,12 @@ class NodeClock:
     """Listens on a server's websocket and keeps (monotonic seconds, node id) for each message
     that marks a node's start ("executing"; node None once the prompt is done) or the prompt's
     end, for the prompts posted with CLIENT_ID (ComfyUI sends a client only its own prompts'
-    events). `take()` hands over what came since the last take."""
+    events), and (monotonic seconds, node id, value) for each "progress" message (a sampler's
+    step done). `take()` / `take_steps()` hand over what came since the last take."""
 
     def __init__(self, url: str):
         self.events: list[tuple[float, str | None]] = []
+        self.steps: list[tuple[float, str | None, int]] = []
         self._lock = threading.Lock()
         self._ready = threading.Event()
         threading.Thread(target=lambda: asyncio.run(self._listen(url)), daemon=True).start()
@@ -373,14 +375,22 @@ class NodeClock:
                     if message.type != aiohttp.WSMsgType.TEXT:
                         continue  # previews come as binary frames
                     body = json.loads(message.data)
-                    if body.get("type") in ("executing", "execution_success"):
-                        with self._lock:
-                            self.events.append((time.monotonic(), (body.get("data") or {}).get("node")))
+                    kind, data = body.get("type"), body.get("data") or {}
+                    with self._lock:
+                        if kind in ("executing", "execution_success"):
+                            self.events.append((time.monotonic(), data.get("node")))
+                        elif kind == "progress":
+                            self.steps.append((time.monotonic(), data.get("node"), data.get("value")))
 
     def take(self) -> list[tuple[float, str | None]]:
         with self._lock:
             events, self.events = self.events, []
         return events
+
+    def take_steps(self) -> list[tuple[float, str | None, int]]:
+        with self._lock:
+            steps, self.steps = self.steps, []
+        return steps
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

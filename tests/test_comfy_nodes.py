@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from comfy_server import (CLIENT_ID, ComfyError, ComfyServer, NodeClock, api_prompt_from_ui_workflow,
-                          cached_checkpoint, prepare_base_dir, without_viking)
+                          cached_checkpoint, prepare_base_dir, txt2img_prompt, without_viking)
 from comfy_free import free_until
 from memory_probe import locked_bytes
 
@@ -325,6 +325,20 @@ def test_pinned_models_load_before_the_first_sampler_as_without_viking(server, c
     for run, order in orders.items():
         assert {"1", "11", "3", "13"} <= set(order), (run, order)
         assert max(order.index("1"), order.index("11")) < order.index("3"), (run, order)
+
+
+def test_node_clock_hears_each_sampler_step(server):
+    """The benches' step times (bench/probes/node_times.py) come from ComfyUI's "progress"
+    messages: the first step and the last always, in order, after the sampler started (0.33
+    leaves out a step less than 100 ms after the last one it sent)."""
+    clock = NodeClock(server.url)
+    server.run_prompt(txt2img_prompt(seed=4242, steps=3, prefix="steps"))
+    time.sleep(0.3)  # the prompt's last websocket messages
+    started = next(at for at, node in clock.take() if node == "3")
+    steps = [(at, value) for at, node, value in clock.take_steps() if node == "3"]
+    values, times = [value for _, value in steps], [at for at, _ in steps]
+    assert values[0] == 1 and values[-1] == 3 and values == sorted(set(values)), steps
+    assert started < times[0] and times == sorted(times), (started, steps)
 
 
 def test_bad_input_gets_clear_messages_and_the_queue_keeps_running(server, comfy_version):

@@ -1,6 +1,8 @@
 """Where a prompt's seconds go, node by node: bench/gpu_dynamic.py (unchanged, in-process) with
 the time ComfyUI starts each node, read from ComfyUI's own "executing" messages on its websocket,
-and ComfyUI's log lines about loading and staging, per prompt.
+a sampler's steps from its "progress" messages (the seconds to the first step done, which hold
+the model's load and ComfyUI's events, apart from the mean step, which only streams weights), and
+ComfyUI's log lines about loading and staging, per prompt.
 
 Why: with two models in ComfyUI 0.33's default dynamic mode, the cold start took 1.13x as long
 with the Pin Model on each (gpu_dynamic_rounds_two_default.json at 1a26994, all three Viking
@@ -53,6 +55,24 @@ def node_seconds(events, graph: dict) -> list[dict]:
     return out
 
 
+def with_steps(nodes: list[dict], events, steps) -> list[dict]:
+    """`nodes` (node_seconds) with, for a node that reported sampler steps ("progress"), the
+    seconds from its start to its first step done (the model's load and ComfyUI's events, where
+    Viking's callbacks run, with one step) and the mean seconds of a later step (the streaming).
+    ComfyUI 0.33 sends a step's progress at most every 100 ms (PROGRESS_THROTTLE_MIN_INTERVAL),
+    the first and last always: the mean is taken between those two."""
+    starts = {node: started for started, node in events if node is not None}
+    for row in nodes:
+        done = [(at, value) for at, node, value in steps if node == row["node"]]
+        if done and row["node"] in starts:
+            (first, first_value), (last, last_value) = done[0], done[-1]
+            row["to_first_step"] = round(first - starts[row["node"]], 4)
+            row["steps"] = last_value
+            if last_value > first_value:
+                row["step_seconds_mean"] = round((last - first) / (last_value - first_value), 4)
+    return nodes
+
+
 def append_line(source: Path, line: str):
     """Appends `line` to this server's copy of a node pack's source (the bench's clone node; the
     Viking pack, copied per server): how a mode flags a node class as an output node or not."""
@@ -95,14 +115,15 @@ def main():
         server.node_clock = comfy_server.NodeClock(server.url)
 
     def traced_run_prompt(server, api_graph, timeout=300):
-        server.node_clock.take()
+        server.node_clock.take(), server.node_clock.take_steps()
         try:
             return run_prompt(server, api_graph, timeout)
         finally:
             time.sleep(0.2)  # the last messages of the prompt
             text = server.log_text()
             new, log_offsets[server.port] = text[log_offsets.get(server.port, 0):], len(text)
-            nodes = node_seconds(server.node_clock.take(), api_graph)
+            events = server.node_clock.take()
+            nodes = with_steps(node_seconds(events, api_graph), events, server.node_clock.take_steps())
             trace.append(dict(mode=mode_of(server.base_dir, modes), nodes=nodes, seconds=round(sum(n["seconds"] for n in nodes), 3),
                               log=[line.strip() for line in new.splitlines() if LOAD_LINES.search(line)]))
             json.dump(result, open(out, "w"), indent=1)
