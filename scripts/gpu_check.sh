@@ -32,6 +32,8 @@
 #               file_residency off, a clone node, engine mode
 #   staticfp8   the fp8-scaled model in 0.33 static mode, alone and with the Pin Model, three servers
 #               each, seconds per node (bench/probes/node_times.py)
+#   staticgc    the same as staticfp8, with where each server's garbage collections ran, prompt by
+#               prompt (bench/probes/gc_times.py: the cold start's 0.25-0.32 s in the home's watch)
 #   statusstall what a status read costs the execution thread with 24 GiB pinned (bench/status_stall.py;
 #               this machine has the RAM the dev machine lacks)
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
@@ -230,6 +232,12 @@ part_staticfp8() {  # dynamic alone once first: the latents' reference
         --modes "dynamic,$(round_modes static static_nodes)" \
         --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/gpu_probe_static_fp8_node_times.log" | tail -12
 }
+# The same modes with each garbage collection of the servers placed in its prompt (bench/probes/gc_times.py).
+part_staticgc() {
+    python3 bench/probes/gc_times.py "$OUT/gpu_probe_static_fp8_gc.json" --format fp8_scaled \
+        --modes "dynamic,$(round_modes static static_nodes)" \
+        --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/gpu_probe_static_fp8_gc.log" | tail -6
+}
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
 static_probe() {  # RESULT_FILE ARGS...
     local result="$1"
@@ -268,5 +276,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|staticgc|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
 esac

@@ -1,0 +1,141 @@
+"""Where the garbage collector runs in each prompt, with and without Viking: bench/probes/node_times.py
+(unchanged, in-process, so also gpu_dynamic.py) with a small node pack in every server that logs
+each collection of the oldest generation, and any other that takes 2 ms or more, with its
+duration, its thread and the frames that set it off (Python's gc.callbacks), and each prompt's
+start and end as this process saw them.
+
+Why: in 0.33 static mode with the fp8-scaled model (part staticfp8 at 373d631, H200), three of
+four Pin Model servers counted 0.25-0.32 s of the cold prompt inside the pinned home's watch
+set-up, code that only sets an attribute on a few modules. A collection of the whole heap
+falling due there would take that long. This says whether it was one, and whether ComfyUI alone
+pays the same collection elsewhere in its cold prompt.
+
+usage: python bench/probes/gc_times.py OUT.json [node_times.py's options]
+       (run by ComfyUI 0.33's Python; writes OUT.json, and node_times.py's files beside it as
+       OUT.node_times.json and OUT.node_times.bench.json)
+"""
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LOG_NAME = "gc_log.jsonl"
+
+# The pack each server loads: it only registers the callback (no nodes).
+PACK = '''
+import gc, json, sys, threading, time
+
+_log = open({path!r}, "a", buffering=1)
+_started = {{}}
+
+
+def _frames():
+    frame, names = sys._getframe(2), []
+    while frame is not None and len(names) < 8:
+        names.append("/".join(frame.f_code.co_filename.rsplit("/", 2)[-2:]) + ":" + frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
+
+def _on_collection(phase, info):
+    if phase == "start":
+        _started[threading.get_ident()] = (time.time(), time.perf_counter())
+        return
+    at, began = _started.pop(threading.get_ident(), (None, None))
+    if began is None:
+        return
+    ms = (time.perf_counter() - began) * 1000
+    if info["generation"] == 2 or ms >= 2:
+        _log.write(json.dumps(dict(at=at, generation=info["generation"], ms=round(ms, 2),
+                                   thread=threading.current_thread().name, frames=_frames())) + "\\n")
+
+
+gc.callbacks.append(_on_collection)
+NODE_CLASS_MAPPINGS = {{}}
+'''
+
+
+def add_gc_pack(base) -> Path:
+    """Puts the pack in ComfyUI base folder `base`; returns the log it will write."""
+    log = Path(base).resolve() / LOG_NAME
+    pack = Path(base) / "custom_nodes" / "viking_bench_gc"
+    pack.mkdir(parents=True, exist_ok=True)
+    (pack / "__init__.py").write_text(PACK.format(path=str(log)))
+    return log
+
+
+def read_log(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def in_prompts(collections: list[dict], prompts: list[dict]) -> list[dict]:
+    """`prompts` (mode, stage index, start, end), each with the collections that began within it."""
+    out = []
+    for prompt in prompts:
+        inside = [c for c in collections if prompt["start"] <= c["at"] < prompt["end"]]
+        out.append({**prompt, "collections": inside,
+                    "full_collection_ms": round(sum(c["ms"] for c in inside if c["generation"] == 2), 1)})
+    return out
+
+
+def summary(prompts: list[dict]) -> dict:
+    """Per mode: the full collections' milliseconds inside its cold prompts and inside its later ones."""
+    out = {}
+    for prompt in prompts:
+        mode = prompt["mode"].split("#")[0]
+        entry = out.setdefault(mode, {"cold": [], "later": []})
+        entry["cold" if prompt["index"] == 0 else "later"].append(prompt["full_collection_ms"])
+    return {mode: {"servers": len(e["cold"]), "cold_full_collection_ms": e["cold"],
+                   "later_full_collection_ms_per_prompt": round(statistics.mean(e["later"]), 1) if e["later"] else None}
+            for mode, e in out.items()}
+
+
+def main():
+    sys.path[:0] = [str(HERE)]
+    import node_times  # sets the paths to tests/ and bench/
+
+    comfy_server = node_times.comfy_server
+    out, passed = Path(sys.argv[1]), sys.argv[2:]
+    modes = node_times.arg("--modes", node_times.DEFAULT_MODES, str).split(",")
+    bases, prompts = [], []
+    prepare, run_prompt = comfy_server.prepare_base_dir, comfy_server.ComfyServer.run_prompt
+
+    def prepare_base_dir(base, custom_nodes=None, **kwargs):
+        made = prepare(base, custom_nodes=custom_nodes, **kwargs)
+        add_gc_pack(made)
+        bases.append(Path(made))
+        return made
+
+    def timed_run_prompt(server, api_graph, timeout=300):
+        mode = node_times.mode_of(server.base_dir, modes)
+        start = time.time()
+        try:
+            return run_prompt(server, api_graph, timeout)
+        finally:
+            index = sum(1 for p in prompts if p["server"] == str(server.base_dir))
+            prompts.append(dict(mode=mode, server=str(server.base_dir), index=index, start=start, end=time.time()))
+
+    # node_times wraps what it finds here, so these run inside its own wrappers.
+    comfy_server.prepare_base_dir, comfy_server.ComfyServer.run_prompt = prepare_base_dir, timed_run_prompt
+    sys.argv = [str(HERE / "node_times.py"), str(out.with_suffix("")) + ".node_times.json", *passed]
+    node_times.main()
+    collections = {}
+    for base in bases:
+        collections[str(base)] = read_log(base.resolve() / LOG_NAME)
+    rows = []
+    for server in dict.fromkeys(p["server"] for p in prompts):
+        rows += in_prompts(collections.get(server, []), [p for p in prompts if p["server"] == server])
+    result = dict(probe="gc_times", date=time.strftime("%Y-%m-%d"), args=passed, modes=modes,
+                  summary=summary(rows), prompts=rows,
+                  outside_prompts={server: [c for c in found if not any(p["server"] == server and p["start"] <= c["at"] < p["end"]
+                                                                           for p in prompts)]
+                                   for server, found in collections.items()})
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    for mode, entry in result["summary"].items():
+        print(mode, json.dumps(entry), flush=True)
+
+
+if __name__ == "__main__":
+    main()
