@@ -68,7 +68,6 @@ SOURCES = {
     "gpu_dynamic_cold_fp8_scaled.bench.json": NODE_TIMES,  # the bench's own file beside it
     "gpu_probe_static_fp8_node_times.json": NODE_TIMES,  # 0.33 static mode, fp8-scaled (part staticfp8)
     "gpu_probe_static_fp8_node_times.bench.json": NODE_TIMES,
-    "gpu_probe_static_fp8_gc.json": NODE_TIMES + ["bench/probes/gc_times.py"],  # part staticgc
     "status_stall_24gib.json": NATIVE + ["bench/status_stall.py"],
     "gpu_probe_static_event_breakdown.json": NATIVE + ["comfy_node", "bench/probes/static_event_breakdown.py",
                                                         "bench/probes/static_event_cost.py", "bench/flux_model.py"],
