@@ -161,12 +161,12 @@ def _watch():
 
 def _watch_once():
     """One look of the watcher. No cyclic garbage collection may start on this thread: a
-    collection finalizes whatever garbage the process holds, and some of ComfyUI's objects may
-    only be finalized on the thread that made them (ComfyUI 0.3.75's database connections:
-    SQLAlchemy tracebacks in the server log when the watcher's registrations set off a
-    collection, seen on an H200). The switch is process-wide, so it is off only while this
-    thread allocates; a collection that falls due meanwhile runs at another thread's next
-    allocation (ComfyUI's execution thread also collects after its prompts)."""
+    collection runs the finalizers of whatever garbage the process holds, and an object may
+    only be safe to finalize on the thread that made it (an in-memory SQLite connection of
+    ComfyUI 0.3.75's database logged SQLAlchemy tracebacks when any other thread collected it).
+    The switch is process-wide, so it is off only while this thread allocates; a collection
+    that falls due meanwhile runs at another thread's next allocation (ComfyUI's execution
+    thread also collects after its prompts)."""
     collecting = gc.isenabled()
     gc.disable()  # before any allocation of this look
     try:
