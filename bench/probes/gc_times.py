@@ -105,7 +105,7 @@ def main():
     def prepare_base_dir(base, custom_nodes=None, **kwargs):
         made = prepare(base, custom_nodes=custom_nodes, **kwargs)
         add_gc_pack(made)
-        bases.append(Path(made))
+        bases.append(Path(made).resolve())
         return made
 
     def timed_run_prompt(server, api_graph, timeout=300):
@@ -114,8 +114,9 @@ def main():
         try:
             return run_prompt(server, api_graph, timeout)
         finally:
-            index = sum(1 for p in prompts if p["server"] == str(server.base_dir))
-            prompts.append(dict(mode=mode, server=str(server.base_dir), index=index, start=start, end=time.time()))
+            here = str(Path(server.base_dir).resolve())  # the same key as the pack's folder
+            index = sum(1 for p in prompts if p["server"] == here)
+            prompts.append(dict(mode=mode, server=here, index=index, start=start, end=time.time()))
 
     # node_times wraps what it finds here, so these run inside its own wrappers.
     comfy_server.prepare_base_dir, comfy_server.ComfyServer.run_prompt = prepare_base_dir, timed_run_prompt
@@ -123,7 +124,7 @@ def main():
     node_times.main()
     collections = {}
     for base in bases:
-        collections[str(base)] = read_log(base.resolve() / LOG_NAME)
+        collections[str(base)] = read_log(base / LOG_NAME)
     rows = []
     for server in dict.fromkeys(p["server"] for p in prompts):
         rows += in_prompts(collections.get(server, []), [p for p in prompts if p["server"] == server])
