@@ -15,7 +15,6 @@ ComfyUI's internals are read in comfy.py only; changes from other threads go thr
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import weakref
@@ -251,7 +250,7 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
     _note_weights_left(record, found.left_to_comfyui)
     ranges, waiting_bytes = found.ranges, 0
     if may_wait and gate.watching():
-        ranges, waiting_bytes = _registrations_now(patcher, record, found.ranges, comfy_ranges)
+        ranges, waiting_bytes = _registrations_now(patcher, record, found.ranges, found.pinned_elsewhere)
     record.registered_ptrs, record.registered_after = {r[0] for r in ranges}, gate.pressure_releases
     _note_waiting(record, waiting_bytes)
     with timing.timed("event/native"):
@@ -302,7 +301,7 @@ IDLE_STEP_BYTES = 256 << 20
 WAITING_NOTE = "more to pin once the running prompt ends"
 
 
-def _registrations_now(patcher, record: ModelRecord, ranges: list, comfy_ranges=()) -> tuple[list, int]:
+def _registrations_now(patcher, record: ModelRecord, ranges: list, pinned_elsewhere=()) -> tuple[list, int]:
     """The ranges to give the native reconcile now, and the new bytes that wait.
     In static mode ComfyUI's loads of a GPU model leave new host memory behind (the weights it
     moved back to RAM, a loader's buffer replaced by per-weight storages at the first load):
@@ -311,13 +310,13 @@ def _registrations_now(patcher, record: ModelRecord, ranges: list, comfy_ranges=
     prompt registers at most REGISTER_DURING_PROMPT_BYTES of new memory; the ranges registered
     already are kept (and released as usual), and the rest is registered by the gate's watcher
     once no prompt runs, a step at a time, so a prompt queued meanwhile waits one step at most.
-    Memory inside ComfyUI's own registrations (`comfy_ranges`: 0.33's static mode pins the
-    weights it moves back to RAM) is not new: the plan leaves it to ComfyUI. Counted as new, the
+    Memory CUDA reports pinned already (`pinned_elsewhere`, from the walk: 0.33's static mode
+    pins the weights it moves back to RAM) is not new: the plan leaves it as it is. Counted as new, the
     3 GB of a ComfyUI-pinned fp8-scaled model sent the watcher through 11 walks and plans that
     pinned nothing after its cold prompt (gpu_dynamic_fp8_scaled.json at 373d631)."""
     if record.registered_after != gate.pressure_releases:
         record.registered_ptrs = set()  # pressure relief gave pins back since: not registered now
-    held = _held_by_comfy(ranges, comfy_ranges)
+    held = {ptr for ptr, _nbytes in pinned_elsewhere}
     new = [r for r in ranges if r[0] not in record.registered_ptrs and r[0] not in held]
     new_bytes = sum(r[1] for r in new)
     running = gate.prompt_running()
@@ -333,18 +332,6 @@ def _registrations_now(patcher, record: ModelRecord, ranges: list, comfy_ranges=
     gate.after_prompt(record.owner, f"pinning {record.settings.label or record.owner}'s weights after a prompt",
                       lambda: _reconcile_after_prompt(ref))
     return [r for r in ranges if r[0] in record.registered_ptrs or r[0] in held or r[0] in taken], new_bytes - step
-
-
-def _held_by_comfy(ranges: list, comfy_ranges) -> set:
-    """The start addresses of `ranges` that lie wholly inside one of ComfyUI's own registrations."""
-    spans = sorted((ptr, ptr + size) for ptr, size in comfy_ranges)
-    starts = [start for start, _end in spans]
-    held = set()
-    for ptr, nbytes, *_ in ranges:
-        at = bisect.bisect_right(starts, ptr) - 1
-        if at >= 0 and ptr + nbytes <= spans[at][1]:
-            held.add(ptr)
-    return held
 
 
 def _reconcile_after_prompt(ref):

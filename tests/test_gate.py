@@ -185,9 +185,9 @@ def test_the_watcher_never_runs_a_garbage_collection(monkeypatch):
 
 
 def test_memory_comfyui_pins_itself_never_waits_for_the_watcher(monkeypatch):
-    """ComfyUI 0.33's static mode pins the weights it moves back to RAM: those ranges are not
-    new memory for Viking (the plan leaves them to ComfyUI), so they neither wait nor send the
-    watcher through steps after the prompt; memory beside them still does."""
+    """ComfyUI 0.33's static mode pins the weights it moves back to RAM: memory CUDA reports
+    pinned already (the walk's pinned_elsewhere) is not new memory for Viking, so it neither
+    waits nor sends the watcher through steps after the prompt; memory beside it still does."""
     from comfy_node.models import ModelRecord, PinSettings
 
     mib = 1 << 20
@@ -195,10 +195,9 @@ def test_memory_comfyui_pins_itself_never_waits_for_the_watcher(monkeypatch):
     monkeypatch.setattr(gate, "_after_prompt", {})
     record = ModelRecord(owner=9, settings=PinSettings(label="model"))
     ranges = [(100 * mib, 300 * mib, None), (500 * mib, 200 * mib, None), (900 * mib, 32 * mib, None)]
-    comfy_pins = [(0, 450 * mib), (500 * mib, 200 * mib)]  # hold the first two wholly, not the third
-    now, waiting = lifecycle._registrations_now(Patcher(), record, ranges, comfy_pins)
+    pinned = [(100 * mib, 300 * mib), (500 * mib, 200 * mib)]  # the first two, by ComfyUI
+    now, waiting = lifecycle._registrations_now(Patcher(), record, ranges, pinned)
     assert now == ranges and waiting == 0 and not gate._after_prompt  # 32 MiB new: within a prompt's 64 MiB
     record = ModelRecord(owner=10, settings=PinSettings(label="model"))
-    partly = [(0, 300 * mib, None), (400 * mib, 200 * mib, None)]  # the second only half inside
-    now, waiting = lifecycle._registrations_now(Patcher(), record, partly, comfy_pins)
-    assert now == partly[:1] and waiting == 200 * mib and gate.deferred() == ["pinning model's weights after a prompt"]
+    now, waiting = lifecycle._registrations_now(Patcher(), record, ranges, pinned[:1])
+    assert now == ranges[:1] and waiting == 232 * mib and gate.deferred() == ["pinning model's weights after a prompt"]
