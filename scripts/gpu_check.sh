@@ -227,17 +227,14 @@ part_coldfp8() {
 # 0.33 static mode (--disable-dynamic-vram), the fp8-scaled model: alone and with the Pin Model,
 # three servers each, with each prompt's seconds per node (one server each gave the Pin Model's
 # cold start 1.13x at f969328 and 1.17x at c4b002b; comfy_quant 0.99x and 1.02x).
-part_staticfp8() {  # dynamic alone once first: the latents' reference
-    python3 bench/probes/node_times.py "$OUT/gpu_probe_static_fp8_node_times.json" --format fp8_scaled \
+static_rounds() {  # PROBE RESULT_NAME: dynamic alone once first (the latents' reference), then the static rounds
+    python3 "bench/probes/$1" "$OUT/$2.json" --format fp8_scaled \
         --modes "dynamic,$(round_modes static static_nodes)" \
-        --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/gpu_probe_static_fp8_node_times.log" | tail -12
+        --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/$2.log" | tail -12
 }
+part_staticfp8() { static_rounds node_times.py gpu_probe_static_fp8_node_times; }
 # The same modes with each garbage collection of the servers placed in its prompt (bench/probes/gc_times.py).
-part_staticgc() {
-    python3 bench/probes/gc_times.py "$OUT/gpu_probe_static_fp8_gc.json" --format fp8_scaled \
-        --modes "dynamic,$(round_modes static static_nodes)" \
-        --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/gpu_probe_static_fp8_gc.log" | tail -6
-}
+part_staticgc() { static_rounds gc_times.py gpu_probe_static_fp8_gc; }
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
 static_probe() {  # RESULT_FILE ARGS...
     local result="$1"
