@@ -32,10 +32,21 @@ class SwapUnavailable(RuntimeError):
     pass
 
 
+def is_active_swap(path: Path) -> bool:
+    """Whether the kernel swaps to this very file now (by its absolute path, so another
+    checkout's swap file on the same kernel is not taken for this one)."""
+    listed = Path("/proc/swaps").read_text().splitlines()[1:]
+    return any(line.split()[0] == str(path.resolve()) for line in listed if line.split())
+
+
 @contextlib.contextmanager
 def temporary_swap(path: Path, size_mib: int):
     """A swap file for the block; raises SwapUnavailable (with the reason) where swapon is refused."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # A run killed mid-way (a timeout, a closed session) leaves its swap file on: take it off
+    # first, or the kernel keeps swapping to a file that is no longer there.
+    if is_active_swap(path):
+        subprocess.run(["swapoff", str(path)], capture_output=True)
     path.unlink(missing_ok=True)
     try:
         subprocess.run(["fallocate", "-l", f"{size_mib}M", str(path)], check=True, capture_output=True)

@@ -56,5 +56,7 @@ def test_real_swap_ins_without_viking_only(figures):
 
 
 def test_swap_file_is_gone(figures):
-    assert not (Path(__file__).resolve().parent.parent / ".comfy" / "swapfile").exists()
-    assert ".comfy/swapfile" not in Path("/proc/swaps").read_text()
+    swap_file = Path(__file__).resolve().parent.parent / ".comfy" / "swapfile"
+    assert not swap_file.exists()
+    # Only this checkout's file: another checkout on the same kernel may be swapping to its own.
+    assert not swap_pressure.is_active_swap(swap_file)
