@@ -181,12 +181,19 @@ if quantized_layout:  # ComfyUI 0.33: comfy-kitchen's QuantizedTensor weights
         plain_streamed == [mixed[1]] and comfy_streamed == 1)
     mixed_patcher = comfy.model_patcher.ModelPatcher(mixed, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
     record = models.ModelRecord(owner=-1, settings=settings("mixed"))
+    small_home_bytes, home.SMALL_HOME_BYTES = home.SMALL_HOME_BYTES, 0  # as if its plain layer were large
     home.update(mixed_patcher, record)
+    home.SMALL_HOME_BYTES = small_home_bytes
     with home.watching(mixed_patcher, record):
         watched = [name for name, module in mixed.named_modules() if "to" in vars(module)]
     checks["a quantized layer's plain bias has no home, and only homed layers are watched"] = (
         sorted(record.home.tensors) == ["1.bias", "1.weight"] and watched == ["", "1"]
         and not any("to" in vars(module) for module in mixed.modules()))
+    home.update(mixed_patcher, record)  # its plain weights as they are: 17 KB
+    with home.watching(mixed_patcher, record):
+        watched = [name for name, module in mixed.named_modules() if "to" in vars(module)]
+    checks["a quantized model with a few KB of plain weights gets no home, and says why"] = (
+        record.home.tensors == {} and watched == [] and "no pinned home: only 0.0 MiB" in (record.home.note or ""))
 
 # ComfyUI's own pins change while a prompt runs (0.33's static mode pins offloaded weights at
 # each partial load): the plan waits for the end of the prompt, unless they grew past the room
@@ -260,6 +267,29 @@ queue.currently_running = {}
 checks["a weight replaced during the prompt is pinned once it has ended"] = (
     wait_for_reconciles(before + 1) == before + 1 and replacement.data_ptr() in lifecycle.record_of(low).registered_ptrs
     and owner_pinned(low) == 8 * MIB)
+
+# A model Viking holds nothing of (here its own limit leaves every weight unpinned; on a GPU, a
+# quantized model in 0.33's static mode, whose offloaded weights ComfyUI pins itself): even an
+# event after which ComfyUI's record of the model changed leaves the walk and the plan to the
+# end of the prompt, while a model Viking pins is reconciled at once.
+spare = model(2, seed=200)
+held_nothing = lifecycle.attach(spare, lifecycle.PinSettings(label="spare", backend="os-lock", headroom_gib=0.0,
+                                                             model_limit_gib=1e-9, pinned_home=False, prefetch=False))
+lifecycle.reconcile(low)
+queue.currently_running = {1: "a prompt"}
+before, walked = counting.reconciles, walks["count"]
+for patcher, index in ((spare, 0), (low, 3)):
+    patcher.model.model_loaded_weight_memory = 1 * MIB  # ComfyUI's record: part of it moved
+    patcher.model[index].weight = torch.nn.Parameter(torch.randn(512, 512), requires_grad=False)
+lifecycle.reconcile(spare)
+checks["a model Viking holds nothing of: an event that saw weights move reads none during a prompt"] = (
+    held_nothing["pinned_bytes"] == 0 and counting.reconciles == before and walks["count"] == walked)
+lifecycle.reconcile(low)
+checks["a model Viking pins: the same event is reconciled at once"] = (
+    counting.reconciles == before + 1 and walks["count"] == walked + 1 and owner_pinned(low) == 8 * MIB)
+queue.currently_running = {}
+checks["the model Viking holds nothing of is walked and planned once the prompt has ended"] = (
+    wait_for_reconciles(before + 2) == before + 2 and walks["count"] == walked + 2)
 
 lifecycle.unpin()
 print(json.dumps(checks, indent=1))
