@@ -5,6 +5,8 @@ QuantizedTensor weights), loaded by ComfyUI's own loader, after the first reconc
 the events of a prompt that move nothing. Medians of 200 events after 5 untimed, and the native
 reconciles those events made. Side by side in one run: this tree and, with --baseline DIR, the
 comfy_node/ of another checkout (each in its own process, alternating, two rounds each).
+This tree also: events that saw weights move, for a model Viking holds nothing of, with and
+without a prompt running (`moved`: the work such an event leaves to the prompt's end).
 
 usage: python bench/probes/static_event_cost.py COMFY_0_33_DIR OUT.json [--depth 2] [--baseline DIR --baseline-commit C]
        (ComfyUI 0.33's Python)
@@ -61,10 +63,51 @@ def measure(comfy_dir: str, code_root: str, model_path: str):
         times.append((time.perf_counter() - start) * 1000)
     weights = sum(1 for _ in patcher.model.parameters())
     kinds = getattr(lifecycle.record_of(patcher), "weight_kinds", {}).get("bytes_by_kind", {})
-    print(json.dumps({"median_ms": round(statistics.median(times), 3), "p90_ms": round(sorted(times)[int(0.9 * EVENTS)], 3),
-                      "native_reconciles": calls["reconcile"], "events": EVENTS, "weights": weights,
-                      "pinned_bytes": report["pinned_bytes"], "first_pinned_bytes": first["pinned_bytes"],
-                      "bytes_by_kind": kinds}))
+    result = {"median_ms": round(statistics.median(times), 3), "p90_ms": round(sorted(times)[int(0.9 * EVENTS)], 3),
+              "native_reconciles": calls["reconcile"], "events": EVENTS, "weights": weights,
+              "pinned_bytes": report["pinned_bytes"], "first_pinned_bytes": first["pinned_bytes"],
+              "bytes_by_kind": kinds}
+    if hasattr(lifecycle, "_holds_nothing_during_prompt"):  # code that leaves such events to the prompt's end
+        result["moved"] = moved_events(comfy.sd.load_diffusion_model(model_path), lifecycle, calls)
+    print(json.dumps(result))
+
+
+def moved_events(patcher, lifecycle, calls) -> dict:
+    """Events that saw weights move (one weight pointed at other memory, ComfyUI's VRAM share
+    changed: what a partial load does on a GPU) for a model Viking holds nothing of (its own
+    limit pins nothing here; on a GPU, a quantized model whose offloaded weights ComfyUI 0.33
+    pins itself): while no prompt runs (the whole reconcile, as the gate's watcher makes it
+    once a prompt has ended) and during a prompt (left to its end). ComfyUI's queue is a
+    stand-in here: its server module cannot be imported outside main.py's set-up."""
+    import types
+
+    import torch
+
+    from comfy_node import gate
+
+    queue = types.SimpleNamespace(currently_running={})
+    sys.modules["server"] = types.ModuleType("server")
+    sys.modules["server"].PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(prompt_queue=queue))
+    gate.start(watch=True)
+    first = lifecycle.attach(patcher, lifecycle.PinSettings(label="holds nothing", backend="os-lock", headroom_gib=0.0,
+                                                            model_limit_gib=1e-9))
+    weight = next(w for w in patcher.model.diffusion_model.parameters() if type(w.data) is torch.Tensor)
+    other = [weight.data, weight.data.clone()]
+    result = {"first_pinned_bytes": first["pinned_bytes"]}
+    for name, running in (("no_prompt", {}), ("during_prompt", {1: "a prompt"})):
+        queue.currently_running = running
+        calls["reconcile"], times = 0, []
+        for index in range(EVENTS + 5):
+            weight.data = other[index % 2]
+            patcher.model.model_loaded_weight_memory = index % 2 << 20
+            start = time.perf_counter()
+            with gate.lock:  # as ComfyUI's events take it (lifecycle._on_event)
+                lifecycle.reconcile(patcher)
+            if index >= 5:
+                times.append((time.perf_counter() - start) * 1000)
+        result[name] = {"median_ms": round(statistics.median(times), 3), "native_reconciles": calls["reconcile"]}
+    queue.currently_running = {}
+    return result
 
 
 def model_file(comfy_dir: str, depth: int) -> str:
@@ -120,12 +163,18 @@ def main():
     result = {"probe": "static_event_cost", "date": time.strftime("%Y-%m-%d"), "depth": depth, "format": "fp8_scaled",
               "model_file_bytes": os.path.getsize(path), "runs": runs,
               "median_ms": {name: statistics.median(r["median_ms"] for r in rs) for name, rs in runs.items()}}
+    moved = [r["moved"] for r in runs["this"] if "moved" in r]
+    if moved:
+        result["moved_median_ms"] = {name: statistics.median(m[name]["median_ms"] for m in moved)
+                                     for name in ("no_prompt", "during_prompt")}
+        result["moved_no_prompt_over_during"] = round(result["moved_median_ms"]["no_prompt"]
+                                                      / result["moved_median_ms"]["during_prompt"], 1)
     if baseline:
         result["baseline_commit"] = arg("--baseline-commit", "")
         result["baseline_over_this"] = round(result["median_ms"]["baseline"] / result["median_ms"]["this"], 2)
     with open(out_path, "w") as out:
         json.dump(result, out, indent=1)
-    print(json.dumps(result["median_ms"]), result.get("baseline_over_this", ""))
+    print(json.dumps(result["median_ms"]), result.get("baseline_over_this", ""), json.dumps(result.get("moved_median_ms")))
 
 
 if __name__ == "__main__":
