@@ -187,9 +187,9 @@ def _prompt_moved_nothing(record: ModelRecord, comfy_state: tuple) -> bool:
 def _holds_nothing_during_prompt(record: ModelRecord) -> bool:
     """Whether a static-mode event during a running prompt may leave the whole reconcile to the
     prompt's end even though ComfyUI moved weights: Viking holds nothing of this model (no
-    registration, nothing waiting, no home, no prefetcher), so no pin of Viking's keeps freed
-    memory alive and nothing of its goes stale meanwhile, and new memory in RAM would mostly wait
-    for the prompt's end anyway (_registrations_now). The case: a quantized model in 0.33's
+    registration, nothing waiting, no home, no prefetcher, and none that a load could start), so
+    no pin of Viking's keeps freed memory alive and nothing of its goes stale meanwhile, and new
+    memory in RAM would mostly wait for the prompt's end anyway (_registrations_now). The case: a quantized model in 0.33's
     static mode, whose offloaded weights ComfyUI pins itself. Walking, planning and the home's
     update there cost ~8 ms of each prompt on an H200, for nothing (at 373d631, four servers
     each: 1.04x ComfyUI alone's warm prompt, the whole gap Viking's events,
@@ -198,7 +198,14 @@ def _holds_nothing_during_prompt(record: ModelRecord) -> bool:
     return (last is not None and record.native_report is not None and last.get("pinned_bytes") == 0
             and not last.get("pending_bytes") and not last.get("waiting_bytes")
             and (record.home is None or not record.home.tensors) and record.prefetcher is None
-            and gate.watching() and gate.prompt_running())
+            and not _prefetch_may_start(record) and gate.watching() and gate.prompt_running())
+
+
+def _prefetch_may_start(record: ModelRecord) -> bool:
+    """A load could give the model a prefetcher (prefetch.update): it is switched on, no hook
+    patches were met, and its streamed layers are not ComfyUI's own to copy (quantized, GGUF)."""
+    return (record.settings.prefetch and not record.hooks_seen
+            and not any(prefetch.MIXED_MARKER in note for note in record.notes))
 
 
 # A model the budget left incomplete is planned again only once the shared budget has this much

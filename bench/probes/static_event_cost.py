@@ -89,8 +89,10 @@ def moved_events(patcher, lifecycle, calls) -> dict:
     sys.modules["server"] = types.ModuleType("server")
     sys.modules["server"].PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(prompt_queue=queue))
     gate.start(watch=True)
+    # No home, no prefetcher: as on a GPU for a model of quantized layers (ComfyUI streams those
+    # itself), which the CPU cannot show.
     first = lifecycle.attach(patcher, lifecycle.PinSettings(label="holds nothing", backend="os-lock", headroom_gib=0.0,
-                                                            model_limit_gib=1e-9))
+                                                            model_limit_gib=1e-9, pinned_home=False, prefetch=False))
     weight = next(w for w in patcher.model.diffusion_model.parameters() if type(w.data) is torch.Tensor)
     other = [weight.data, weight.data.clone()]
     result = {"first_pinned_bytes": first["pinned_bytes"]}
