@@ -189,11 +189,11 @@ def _holds_nothing_during_prompt(record: ModelRecord) -> bool:
     prompt's end even though ComfyUI moved weights: Viking holds nothing of this model (no
     registration, nothing waiting, no home, no prefetcher, and none that a load could start), so
     no pin of Viking's keeps freed memory alive and nothing of its goes stale meanwhile, and new
-    memory in RAM would mostly wait for the prompt's end anyway (_registrations_now). The case: a quantized model in 0.33's
-    static mode, whose offloaded weights ComfyUI pins itself. Walking, planning and the home's
-    update there cost ~8 ms of each prompt on an H200, for nothing (at 373d631, four servers
-    each: 1.04x ComfyUI alone's warm prompt, the whole gap Viking's events,
-    gpu_probe_static_fp8_node_times.json)."""
+    memory in RAM would mostly wait for the prompt's end anyway (_registrations_now). The case:
+    a quantized model in 0.33's static mode, whose offloaded weights ComfyUI pins itself.
+    Walking, planning and the home's update there cost ~8 ms of each prompt on an H200, for
+    nothing (at 373d631, four servers each: 1.04x ComfyUI alone's warm prompt, the whole gap
+    Viking's events, gpu_probe_static_fp8_node_times.json)."""
     last = record.last_report
     return (last is not None and record.native_report is not None and last.get("pinned_bytes") == 0
             and not last.get("pending_bytes") and not last.get("waiting_bytes")
