@@ -28,6 +28,7 @@ from .native import native
 
 log = logging.getLogger("viking_engine")
 lock = threading.RLock()
+_take_lock, _give_lock = lock.acquire, lock.release  # for the watcher (_watch_once says why)
 _deferred: list[tuple[str, Callable[[], object]]] = []
 # Work that costs a running prompt time and can wait for the queue to be idle (the watcher runs
 # it): key -> (what, change, shown); a later request for the same key replaces the earlier one.
@@ -164,21 +165,26 @@ def _watch_once():
     collection runs the finalizers of whatever garbage the process holds, and an object may
     only be safe to finalize on the thread that made it (an in-memory SQLite connection of
     ComfyUI 0.3.75's database logged SQLAlchemy tracebacks when any other thread collected it).
-    The switch is process-wide, so it is off only while this thread allocates; a collection
-    that falls due meanwhile runs at another thread's next allocation (ComfyUI's execution
-    thread also collects after its prompts)."""
-    collecting = gc.isenabled()
-    gc.disable()  # before any allocation of this look
+    The switch is process-wide, so it is off only while this thread holds the lock: switched off
+    before the wait for the lock, it stayed off for as long as ComfyUI's thread held the lock,
+    through a whole model load, whose collections then piled up and fell due later. Waiting for
+    the lock allocates nothing. A collection that falls due meanwhile runs at another thread's
+    next allocation (ComfyUI's execution thread also collects after its prompts)."""
+    _take_lock()  # bound once: a `with lock` would allocate its bound methods, which can set off a collection
     try:
-        with lock:
+        collecting = gc.isenabled()
+        gc.disable()  # before any allocation of this look
+        try:
             if not comfy.prompt_running():
                 drain("after the prompt")
                 _run_after_prompt()
-    except Exception as error:  # noqa: BLE001 - the watcher must keep going
-        log.warning("Viking Engine: gate watcher: %s", error)
+        except Exception as error:  # noqa: BLE001 - the watcher must keep going
+            log.warning("Viking Engine: gate watcher: %s", error)
+        finally:
+            if collecting:
+                gc.enable()
     finally:
-        if collecting:
-            gc.enable()
+        _give_lock()
 
 
 def start(watch: bool = True):

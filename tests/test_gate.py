@@ -201,3 +201,25 @@ def test_memory_comfyui_pins_itself_never_waits_for_the_watcher(monkeypatch):
     record = ModelRecord(owner=10, settings=PinSettings(label="model"))
     now, waiting = lifecycle._registrations_now(Patcher(), record, ranges, pinned[:1])
     assert now == ranges[:1] and waiting == 232 * mib and gate.deferred() == ["pinning model's weights after a prompt"]
+
+
+def test_a_watcher_waiting_for_the_lock_leaves_collection_on(monkeypatch):
+    """ComfyUI's execution thread holds the gate's lock through a whole model load (the pinned
+    home's watch): a look of the watcher that waits for it meanwhile must not have switched the
+    process's garbage collection off, or the load's collections pile up and fall due later, in
+    whatever code allocates next."""
+    import gc
+    import time
+
+    monkeypatch.setattr(comfy, "prompt_running", lambda: True)
+    seen = []
+    with gate.lock:  # as the execution thread holds it through a load
+        look = threading.Thread(target=gate._watch_once)
+        look.start()
+        deadline = time.time() + 5
+        while look.is_alive() and time.time() < deadline and len(seen) < 20:
+            seen.append(gc.isenabled())
+            time.sleep(0.01)
+        waiting = look.is_alive()
+    look.join(5)
+    assert waiting and all(seen) and not look.is_alive() and gc.isenabled()
