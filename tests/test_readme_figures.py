@@ -363,6 +363,13 @@ def static_event_cost():
             f"{f(moved['during_prompt'], 3)} ms during a prompt against {f(moved['no_prompt'], 1)} ms"]
 
 
+def watcher_gc():
+    d = load("watcher_gc_cpu.json")
+    this, base = d["median"]["this"], d["median"]["baseline"]
+    return [f"{this['share_with_collection_off']:.0%} against {base['share_with_collection_off']:.0%} at `{d['baseline_commit']}`",
+            f"{f(this['longest_pause_ms'], 1)} ms against {f(base['longest_pause_ms'], 1)} ms"]
+
+
 def plan():
     return [f"{f(load('plan.json')['median_ms'], 1)} ms median"]
 
@@ -377,7 +384,7 @@ FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timin
            "gpu_probe_static_vram.json": lambda: static_vram("gpu_probe_static_vram.json"),
            "gpu_probe_node_times.json": node_times,
            "gpu_probe_static_fp8_node_times.bench.json": static_fp8_rounds,
-           "swap_cpu.json": swap}
+           "swap_cpu.json": swap, "watcher_gc_cpu.json": watcher_gc}
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
