@@ -113,7 +113,8 @@ def gpu_tests():
     seconds, rate, h2d, pageable, ratio = re.search(
         r"pinned 4 GiB in ([\d.]+) s \(([\d.]+) GiB/s\); H2D pinned ([\d.]+) GB/s vs pageable ([\d.]+) GB/s = ([\d.]+)x", pinned).groups()
     portable = re.search(r"H2D ([\d.]+) GB/s", next(p for p in d["printed"] if "PORTABLE only: H2D" in p)).group(1)
-    return [f"| {d['passed']} passed |", f"{seconds} s ({rate} GiB/s)",
+    counted = f"{d['passed']} passed" + (f", {d['skipped']} skipped" if d.get("skipped") else "")
+    return [f"| {counted} |", f"{seconds} s ({rate} GiB/s)",
             f"{h2d} vs {pageable} GB/s = **{ratio}x**; PORTABLE only {portable} GB/s"]
 
 
