@@ -267,6 +267,12 @@ case "${1:-}" in
     install|parts)
         # parts: on a machine an earlier install left warm (/tmp/site, the trees, the hosts)
         if [[ "$1" == install ]]; then install "$2"; shift; fi
+        # A machine lent afresh between two calls has none of the first folder: say so at once
+        # rather than spend device time on parts that cannot start.
+        if (( $# > 1 )) && ! python3 -c "import viking_native" 2> /dev/null; then
+            echo "[gpu_check] this machine has no /tmp/site from .gpu/c1 (a fresh machine?): run install .gpu/c1 first" >&2
+            exit 3
+        fi
         for part in "${@:2}"; do
             gpu_idle
             started=$SECONDS
