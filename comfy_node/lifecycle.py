@@ -159,7 +159,7 @@ def reconcile(patcher) -> dict | None:
     report["notes"] = list(record.notes)
     if moved:
         with timing.timed("event/prefetch"):
-            report["prefetch"] = prefetch.update(patcher, record, settings.prefetch and not record.hooks_seen,
+            report["prefetch"] = prefetch.update(patcher, record, _prefetch_enabled(record),
                                                  settings.prefetch_window_mib << 20)
     else:
         report["prefetch"] = prefetch.between_runs(record)
@@ -198,14 +198,14 @@ def _holds_nothing_during_prompt(record: ModelRecord) -> bool:
     return (last is not None and record.native_report is not None and last.get("pinned_bytes") == 0
             and not last.get("pending_bytes") and not last.get("waiting_bytes")
             and (record.home is None or not record.home.tensors) and record.prefetcher is None
-            and not _prefetch_may_start(record) and gate.watching() and gate.prompt_running())
+            and not prefetch.may_start(record, _prefetch_enabled(record))
+            and gate.watching() and gate.prompt_running())
 
 
-def _prefetch_may_start(record: ModelRecord) -> bool:
-    """A load could give the model a prefetcher (prefetch.update): it is switched on, no hook
-    patches were met, and its streamed layers are not ComfyUI's own to copy (quantized, GGUF)."""
-    return (record.settings.prefetch and not record.hooks_seen
-            and not any(prefetch.MIXED_MARKER in note for note in record.notes))
+def _prefetch_enabled(record: ModelRecord) -> bool:
+    """Prefetch is switched on for the model and no hook patches were met (they change weights
+    per step, which a copy made ahead would miss)."""
+    return record.settings.prefetch and not record.hooks_seen
 
 
 # A model the budget left incomplete is planned again only once the shared budget has this much

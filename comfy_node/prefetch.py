@@ -402,6 +402,12 @@ MIXED_NOTE = ("no prefetch: {count} streamed layer(s) " + MIXED_MARKER +
               " through its own streaming buffers, which a prefetcher would take over")
 
 
+def may_start(record, enabled: bool) -> bool:
+    """Whether a later load could give the model a prefetcher (update): prefetch is enabled
+    and its streamed layers were not found to be ComfyUI's own to copy (quantized, GGUF)."""
+    return enabled and not any(MIXED_MARKER in note for note in record.notes)
+
+
 def between_runs(record) -> dict | None:
     """An event that moved no weight: the prefetcher (if any) holds no VRAM for copies ahead
     until the next run starts, as update does when the streamed layers are the same."""
