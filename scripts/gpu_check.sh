@@ -33,7 +33,9 @@
 #   staticfp8   the fp8-scaled model in 0.33 static mode, alone and with the Pin Model, three servers
 #               each, seconds per node (bench/probes/node_times.py)
 #   staticgc    the same as staticfp8, with where each server's garbage collections ran, prompt by
-#               prompt (bench/probes/gc_times.py: the cold start's 0.25-0.32 s in the home's watch)
+#               prompt, and each look of Viking's gate watcher (bench/probes/gc_times.py: the cold
+#               start's 0.25 s, the warm prompt's 7 ms)
+#   staticgcslow  staticgc with the watcher looking every 0.5 s while work waits (0.02 s in Viking)
 #   statusstall what a status read costs the execution thread with 24 GiB pinned (bench/status_stall.py;
 #               this machine has the RAM the dev machine lacks)
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):
@@ -235,6 +237,7 @@ static_rounds() {  # PROBE RESULT_NAME: dynamic alone once first (the latents' r
 part_staticfp8() { static_rounds node_times.py gpu_probe_static_fp8_node_times; }
 # The same modes with each garbage collection of the servers placed in its prompt (bench/probes/gc_times.py).
 part_staticgc() { static_rounds gc_times.py gpu_probe_static_fp8_gc; }
+part_staticgcslow() { VIKING_PROBE_AFTER_PROMPT_WATCH_SECONDS=0.5 static_rounds gc_times.py gpu_probe_static_fp8_gc_slow_watch; }
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
 static_probe() {  # RESULT_FILE ARGS...
     local result="$1"

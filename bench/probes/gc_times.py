@@ -2,7 +2,12 @@
 (unchanged, in-process, so also gpu_dynamic.py) with a small node pack in every server that logs
 each collection of the oldest generation, and any other that takes 2 ms or more, with its
 duration, its thread and the frames that set it off (Python's gc.callbacks), and each prompt's
-start and end as this process saw them.
+start and end as this process saw them. In a server with Viking the pack also times each look
+of Viking's gate watcher (its thread's `_watch_once`, found once Viking's pack has loaded) and
+places the looks in the prompts: how often the watcher woke during a prompt and how long the work
+it ran after one took, which may overlap the next prompt. With
+VIKING_PROBE_AFTER_PROMPT_WATCH_SECONDS set, the watcher looks that often (in place of
+`gate.AFTER_PROMPT_WATCH_SECONDS`, 0.02 s) while work waits for the end of a prompt.
 
 Why: in 0.33 static mode with the fp8-scaled model (part staticfp8 at 373d631, H200), three of
 four Pin Model servers counted 0.25-0.32 s of the cold prompt inside the pinned home's watch
@@ -15,6 +20,7 @@ usage: python bench/probes/gc_times.py OUT.json [node_times.py's options]
        OUT.node_times.json and OUT.node_times.bench.json)
 """
 import json
+import os
 import statistics
 import sys
 import time
@@ -22,6 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LOG_NAME = "gc_log.jsonl"
+WATCH_LOG_NAME = "watch_log.jsonl"
 
 # The pack each server loads: it only registers the callback (no nodes).
 PACK = '''
@@ -53,6 +60,35 @@ def _on_collection(phase, info):
 
 
 gc.callbacks.append(_on_collection)
+_looks = open({watch_path!r}, "a", buffering=1)
+
+
+def _time_the_watcher():
+    # Viking's pack may load after this one: wait for its gate module, then time each look.
+    import os
+    for _ in range(600):
+        gate = next((m for name, m in list(sys.modules.items())
+                     if name.endswith(".gate") and hasattr(m, "_watch_once") and hasattr(m, "AFTER_PROMPT_WATCH_SECONDS")), None)
+        if gate is not None:
+            break
+        time.sleep(0.1)
+    else:
+        return  # no Viking in this server
+    if os.environ.get("VIKING_PROBE_AFTER_PROMPT_WATCH_SECONDS"):
+        gate.AFTER_PROMPT_WATCH_SECONDS = float(os.environ["VIKING_PROBE_AFTER_PROMPT_WATCH_SECONDS"])
+    _looks.write(json.dumps(dict(at=time.time(), after_prompt_watch_seconds=gate.AFTER_PROMPT_WATCH_SECONDS)) + "\\n")
+    look = gate._watch_once
+
+    def timed_look():
+        at, began = time.time(), time.perf_counter()
+        try:
+            look()
+        finally:
+            _looks.write(json.dumps(dict(at=at, ms=round((time.perf_counter() - began) * 1000, 3))) + "\\n")
+    gate._watch_once = timed_look
+
+
+threading.Thread(target=_time_the_watcher, name="viking-bench-watch-timer", daemon=True).start()
 NODE_CLASS_MAPPINGS = {{}}
 '''
 
@@ -62,7 +98,7 @@ def add_gc_pack(base) -> Path:
     log = Path(base).resolve() / LOG_NAME
     pack = Path(base) / "custom_nodes" / "viking_bench_gc"
     pack.mkdir(parents=True, exist_ok=True)
-    (pack / "__init__.py").write_text(PACK.format(path=str(log)))
+    (pack / "__init__.py").write_text(PACK.format(path=str(log), watch_path=str(log.with_name(WATCH_LOG_NAME))))
     return log
 
 
@@ -90,6 +126,34 @@ def summary(prompts: list[dict]) -> dict:
     return {mode: {"servers": len(e["cold"]), "cold_full_collection_ms": e["cold"],
                    "later_full_collection_ms_per_prompt": round(statistics.mean(e["later"]), 1) if e["later"] else None}
             for mode, e in out.items()}
+
+
+def watcher_in_prompts(looks: list[dict], prompts: list[dict]) -> list[dict]:
+    """`prompts` of one server in order, each with the watcher's looks that began inside it (how
+    many, their milliseconds) and those that began after it ended and before the next one
+    began (the work left for the end of a prompt), with how far those ran on into the next."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        following = prompts[i + 1]["start"] if i + 1 < len(prompts) else float("inf")
+        inside = [look for look in looks if prompt["start"] <= look["at"] < prompt["end"]]
+        after = [look for look in looks if prompt["end"] <= look["at"] < following]
+        into_next = sum(max(0.0, look["at"] + look["ms"] / 1000 - following) for look in after)
+        out.append(dict(mode=prompt["mode"], index=prompt["index"], looks_inside=len(inside),
+                        looks_inside_ms=round(sum(look["ms"] for look in inside), 3),
+                        looks_after=len(after), looks_after_ms=round(sum(look["ms"] for look in after), 3),
+                        into_next_prompt_ms=round(into_next * 1000, 3)))
+    return out
+
+
+def watcher_summary(rows: list[dict]) -> dict:
+    """Per mode with Viking, the mean over its later prompts (not the cold one) of each figure."""
+    out = {}
+    for row in rows:
+        if row["index"]:
+            out.setdefault(row["mode"].split("#")[0], []).append(row)
+    keys = ("looks_inside", "looks_inside_ms", "looks_after_ms", "into_next_prompt_ms")
+    return {mode: {key: round(statistics.mean(r[key] for r in found), 3) for key in keys}
+            for mode, found in out.items()}
 
 
 def main():
@@ -125,17 +189,24 @@ def main():
     collections = {}
     for base in bases:
         collections[str(base)] = read_log(base / LOG_NAME)
-    rows = []
+    rows, watcher = [], []
     for server in dict.fromkeys(p["server"] for p in prompts):
-        rows += in_prompts(collections.get(server, []), [p for p in prompts if p["server"] == server])
+        mine = [p for p in prompts if p["server"] == server]
+        rows += in_prompts(collections.get(server, []), mine)
+        looks = [entry for entry in read_log(Path(server) / WATCH_LOG_NAME) if "ms" in entry]
+        if looks:
+            watcher += watcher_in_prompts(looks, mine)
     result = dict(probe="gc_times", date=time.strftime("%Y-%m-%d"), args=passed, modes=modes,
-                  summary=summary(rows), prompts=rows,
+                  summary=summary(rows), prompts=rows, watcher_summary=watcher_summary(watcher), watcher=watcher,
+                  watch_seconds=os.environ.get("VIKING_PROBE_AFTER_PROMPT_WATCH_SECONDS", "Viking's own (0.02 s)"),
                   outside_prompts={server: [c for c in found if not any(p["server"] == server and p["start"] <= c["at"] < p["end"]
                                                                            for p in prompts)]
                                    for server, found in collections.items()})
     out.write_text(json.dumps(result, indent=1) + "\n")
     for mode, entry in result["summary"].items():
         print(mode, json.dumps(entry), flush=True)
+    for mode, entry in result["watcher_summary"].items():
+        print(mode, "watcher", json.dumps(entry), flush=True)
 
 
 if __name__ == "__main__":
