@@ -70,6 +70,7 @@ SOURCES = {
     "gpu_probe_static_fp8_node_times.bench.json": NODE_TIMES,
     "status_stall_24gib.json": NATIVE + ["bench/status_stall.py"],
     "watcher_gc_cpu.json": ["comfy_node/gate.py", "bench/probes/watcher_gc.py"],
+    "watch_rate_cpu.json": ["comfy_node/gate.py", "comfy_node/comfy.py", "bench/probes/watch_rate.py"],
     "gpu_probe_static_event_breakdown.json": NATIVE + ["comfy_node", "bench/probes/static_event_breakdown.py",
                                                         "bench/probes/static_event_cost.py", "bench/flux_model.py"],
 }
