@@ -521,15 +521,27 @@ def call_after_models_load(callback):
     mm.load_models_gpu = load_models_gpu
 
 
-def prompt_running() -> bool:
-    """Whether ComfyUI's execution thread is running a prompt now."""
+def _prompt_queue():
     try:
         from server import PromptServer
     except ImportError:
-        return False
-    queue = getattr(getattr(PromptServer, "instance", None), "prompt_queue", None)
-    running = getattr(queue, "currently_running", None)
-    return bool(running)
+        return None
+    return getattr(getattr(PromptServer, "instance", None), "prompt_queue", None)
+
+
+def prompt_running() -> bool:
+    """Whether ComfyUI's execution thread is running a prompt now."""
+    return bool(getattr(_prompt_queue(), "currently_running", None))
+
+
+def queue_mark() -> tuple | None:
+    """What ComfyUI's queue looks like when it is idle (None while a prompt runs or waits): the
+    count of prompts it has started, so that two equal marks taken some time apart mean no
+    prompt started in between."""
+    queue = _prompt_queue()
+    if getattr(queue, "currently_running", None) or getattr(queue, "queue", None):
+        return None
+    return (getattr(queue, "task_counter", None),)
 
 
 def user_settings_path() -> str | None:

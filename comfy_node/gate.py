@@ -33,6 +33,7 @@ _deferred: list[tuple[str, Callable[[], object]]] = []
 # Work that costs a running prompt time and can wait for the queue to be idle (the watcher runs
 # it): key -> (what, change, shown); a later request for the same key replaces the earlier one.
 _after_prompt: dict[object, tuple[str, Callable[[], object], bool]] = {}
+_idle_mark: tuple | None = None  # the queue's mark at the watcher's last look, if it was idle then
 _applied: list[dict] = []  # the last changes applied, where and when (for the status)
 _watcher: threading.Thread | None = None
 _relief = "native monitor"  # who releases pins under memory pressure (for the status)
@@ -75,18 +76,22 @@ def prompt_running() -> bool:
 
 
 def after_prompt(key, what: str, change: Callable[[], object], shown: bool = True):
-    """Runs `change()` once no prompt runs (the watcher's next look), in place of any change
-    waiting under `key`. `shown`: listed among the status's deferred changes (False for a
-    routine check after each prompt)."""
+    """Runs `change()` once no prompt runs, in place of any change waiting under `key`.
+    `shown`: work a user waits for (pins held back from a prompt), listed among the status's
+    deferred changes and run at the watcher's first look with no prompt running. Otherwise a
+    routine check after a prompt: it runs only once the queue has stayed idle between two of
+    the watcher's looks, so that it never holds up a prompt a client sends right after the last."""
     with lock:
         _after_prompt[key] = (what, change, shown)
 
 
-def _run_after_prompt():
+def _run_after_prompt(quiet: bool = True):
     # A change may leave more for later (a step of a long registration): the loop goes on until
-    # nothing waits or a prompt starts.
-    while _after_prompt and not comfy.prompt_running():
-        key = next(iter(_after_prompt))
+    # nothing it may run waits or a prompt starts.
+    while not comfy.prompt_running():
+        key = next((key for key, (_what, _change, shown) in _after_prompt.items() if shown or quiet), None)
+        if key is None:
+            break
         what, change, _shown = _after_prompt.pop(key)
         try:
             change()
@@ -154,9 +159,11 @@ def relief() -> str:
 
 def _watch():
     while True:
-        # Work waiting for the queue to be idle is looked at often: the gap between two prompts
-        # of a queue is short.
-        time.sleep(AFTER_PROMPT_WATCH_SECONDS if _after_prompt else WATCH_SECONDS)
+        # Pins held back from a prompt are looked after often: the gap between two prompts of a
+        # queue is short. Every look costs the running prompt a switch of the GIL, so routine
+        # checks, which wait for an idle queue anyway, leave the watcher at its slow pace.
+        time.sleep(AFTER_PROMPT_WATCH_SECONDS if any(shown for _w, _c, shown in list(_after_prompt.values()))
+                   else WATCH_SECONDS)
         _watch_once()
 
 
@@ -170,14 +177,17 @@ def _watch_once():
     through a whole model load, whose collections then piled up and fell due later. Waiting for
     the lock allocates nothing. A collection that falls due meanwhile runs at another thread's
     next allocation (ComfyUI's execution thread also collects after its prompts)."""
+    global _idle_mark
     _take_lock()  # bound once: a `with lock` would allocate its bound methods, which can set off a collection
     try:
         collecting = gc.isenabled()
         gc.disable()  # before any allocation of this look
         try:
+            mark = comfy.queue_mark()
+            quiet, _idle_mark = mark is not None and mark == _idle_mark, mark
             if not comfy.prompt_running():
                 drain("after the prompt")
-                _run_after_prompt()
+                _run_after_prompt(quiet)
         except Exception as error:  # noqa: BLE001 - the watcher must keep going
             log.warning("Viking Engine: gate watcher: %s", error)
         finally:

@@ -223,3 +223,36 @@ def test_a_watcher_waiting_for_the_lock_leaves_collection_on(monkeypatch):
         waiting = look.is_alive()
     look.join(5)
     assert waiting and all(seen) and not look.is_alive() and gc.isenabled()
+
+
+def test_routine_checks_wait_for_a_queue_idle_between_two_looks(monkeypatch):
+    """A routine check after a prompt (shown=False) runs only once the queue stayed idle from one
+    look of the watcher to the next: a prompt a client sends right after the last one never
+    waits for it. Pins held back from a prompt (shown) go at the first look with no prompt. While
+    only routine checks wait, the watcher keeps its slow pace (each look costs a prompt a GIL switch)."""
+    queue = {"running": True, "started": 1}
+    monkeypatch.setattr(comfy, "prompt_running", lambda: queue["running"])
+    monkeypatch.setattr(comfy, "queue_mark", lambda: None if queue["running"] else (queue["started"],))
+    monkeypatch.setattr(gate, "_after_prompt", {})
+    monkeypatch.setattr(gate, "_deferred", [])
+    monkeypatch.setattr(gate, "_idle_mark", None)
+    monkeypatch.setattr(gate, "native", None)
+    monkeypatch.setattr(gate.dynamic, "govern", lambda: None)
+    ran = []
+    gate.after_prompt("check", "a routine check", lambda: ran.append("check"), shown=False)
+    gate._watch_once()
+    assert ran == []  # a prompt runs
+    queue["running"] = False
+    gate._watch_once()
+    assert ran == []  # idle at this look only: the client may send its next prompt now
+    queue["running"], queue["started"] = True, 2
+    gate._watch_once()
+    queue["running"] = False
+    gate._watch_once()
+    assert ran == []  # another prompt ran in between: still not idle for a whole interval
+    gate.after_prompt("pins", "pinning a model's weights after a prompt", lambda: ran.append("pins"))
+    queue["started"] = 3  # and another, started and finished between two looks
+    gate._watch_once()
+    assert ran == ["pins"] and gate.deferred() == []  # held-back pins: at the first look without a prompt
+    gate._watch_once()
+    assert ran == ["pins", "check"] and not gate._after_prompt  # idle since the last look
