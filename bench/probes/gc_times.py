@@ -67,12 +67,13 @@ def _time_the_watcher():
     # Viking's pack may load after this one: wait for its gate module, then time each look.
     import os
     # (modules are searched only when more were imported, so that the search does not take
-    # the GIL from a server without Viking through its prompts)
+    # the GIL from a server without Viking through its prompts; copied in one call, as another
+    # thread may be importing meanwhile)
     searched = 0
     for _ in range(600):
         if len(sys.modules) != searched:
             searched = len(sys.modules)
-            gate = next((m for name, m in list(sys.modules.items()) if name.endswith(".gate")
+            gate = next((m for name, m in sys.modules.copy().items() if name.endswith(".gate")
                          and hasattr(m, "_watch_once") and hasattr(m, "AFTER_PROMPT_WATCH_SECONDS")), None)
             if gate is not None:
                 break
