@@ -34,6 +34,7 @@ _deferred: list[tuple[str, Callable[[], object]]] = []
 # it): key -> (what, change, shown); a later request for the same key replaces the earlier one.
 _after_prompt: dict[object, tuple[str, Callable[[], object], bool]] = {}
 _idle_mark: tuple | None = None  # the queue's mark at the watcher's last look, if it was idle then
+_next_look_seconds = 0.5  # the watcher's pause before its next look (`_watch_once` sets it)
 _applied: list[dict] = []  # the last changes applied, where and when (for the status)
 _watcher: threading.Thread | None = None
 _relief = "native monitor"  # who releases pins under memory pressure (for the status)
@@ -159,11 +160,7 @@ def relief() -> str:
 
 def _watch():
     while True:
-        # Pins held back from a prompt are looked after often: the gap between two prompts of a
-        # queue is short. Every look costs the running prompt a switch of the GIL, so routine
-        # checks, which wait for an idle queue anyway, leave the watcher at its slow pace.
-        time.sleep(AFTER_PROMPT_WATCH_SECONDS if any(shown for _w, _c, shown in list(_after_prompt.values()))
-                   else WATCH_SECONDS)
+        time.sleep(_next_look_seconds)  # set by the last look, where no collection can start
         _watch_once()
 
 
@@ -177,7 +174,7 @@ def _watch_once():
     through a whole model load, whose collections then piled up and fell due later. Waiting for
     the lock allocates nothing. A collection that falls due meanwhile runs at another thread's
     next allocation (ComfyUI's execution thread also collects after its prompts)."""
-    global _idle_mark
+    global _idle_mark, _next_look_seconds
     _take_lock()  # bound once: a `with lock` would allocate its bound methods, which can set off a collection
     try:
         collecting = gc.isenabled()
@@ -188,6 +185,12 @@ def _watch_once():
             if not comfy.prompt_running():
                 drain("after the prompt")
                 _run_after_prompt(quiet)
+            # Pins held back from a prompt are looked after often: the gap between two prompts
+            # of a queue is short. Every look costs a running prompt a switch of the GIL, so
+            # routine checks, which wait for an idle queue anyway, leave the watcher at its
+            # slow pace.
+            _next_look_seconds = (AFTER_PROMPT_WATCH_SECONDS if any(shown for _w, _c, shown in _after_prompt.values())
+                                  else WATCH_SECONDS)
         except Exception as error:  # noqa: BLE001 - the watcher must keep going
             log.warning("Viking Engine: gate watcher: %s", error)
         finally:

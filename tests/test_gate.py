@@ -241,7 +241,7 @@ def test_routine_checks_wait_for_a_queue_idle_between_two_looks(monkeypatch):
     ran = []
     gate.after_prompt("check", "a routine check", lambda: ran.append("check"), shown=False)
     gate._watch_once()
-    assert ran == []  # a prompt runs
+    assert ran == [] and gate._next_look_seconds == gate.WATCH_SECONDS  # a prompt runs: looked at slowly
     queue["running"] = False
     gate._watch_once()
     assert ran == []  # idle at this look only: the client may send its next prompt now
@@ -251,7 +251,10 @@ def test_routine_checks_wait_for_a_queue_idle_between_two_looks(monkeypatch):
     gate._watch_once()
     assert ran == []  # another prompt ran in between: still not idle for a whole interval
     gate.after_prompt("pins", "pinning a model's weights after a prompt", lambda: ran.append("pins"))
-    queue["started"] = 3  # and another, started and finished between two looks
+    queue["running"] = True
+    gate._watch_once()
+    assert gate._next_look_seconds == gate.AFTER_PROMPT_WATCH_SECONDS  # held-back pins: looked at often
+    queue["running"], queue["started"] = False, 3  # another prompt, started and finished between two looks
     gate._watch_once()
     assert ran == ["pins"] and gate.deferred() == []  # held-back pins: at the first look without a prompt
     gate._watch_once()
