@@ -237,6 +237,14 @@ static_rounds() {  # PROBE RESULT_NAME: dynamic alone once first (the latents' r
 part_staticfp8() { static_rounds node_times.py gpu_probe_static_fp8_node_times; }
 # The same modes with each garbage collection of the servers placed in its prompt (bench/probes/gc_times.py).
 part_staticgc() { static_rounds gc_times.py gpu_probe_static_fp8_gc; }
+# Where the static-mode cold start's extra time comes from: alone, the Pin Model, the pack
+# installed with no node, and a plain clone as an output node (the Pin Model is one, which makes
+# ComfyUI run the loader first); two servers each, the second round in reverse order.
+part_staticsplit() {
+    python3 bench/probes/node_times.py "$OUT/gpu_probe_static_fp8_split.json" --format fp8_scaled \
+        --modes "dynamic,static,static_nodes,static#installed,static_clone#output,static_clone#2#output,static#2#installed,static_nodes#2,static#2" \
+        --depth "${DYNAMIC_DEPTH:-8}" --free-gib 4 2>&1 | tee "$OUT/gpu_probe_static_fp8_split.log" | tail -12
+}
 part_staticgcslow() { VIKING_PROBE_AFTER_PROMPT_WATCH_SECONDS=0.5 static_rounds gc_times.py gpu_probe_static_fp8_gc_slow_watch; }
 part_rounds2() { rounds_bench gpu_dynamic_rounds_two_default.json dynamic_two dynamic_two_nodes; }
 static_probe() {  # RESULT_FILE ARGS...

@@ -7,7 +7,8 @@ of Viking's gate watcher (its thread's `_watch_once`, found once Viking's pack h
 places the looks in the prompts: how often the watcher woke during a prompt and how long the work
 it ran after one took, which may overlap the next prompt. With
 VIKING_PROBE_AFTER_PROMPT_WATCH_SECONDS set, the watcher looks that often (in place of
-`gate.AFTER_PROMPT_WATCH_SECONDS`, 0.02 s) while work waits for the end of a prompt.
+`gate.AFTER_PROMPT_WATCH_SECONDS`, 0.02 s) while pins held back from a prompt wait (since
+43bdef6 routine checks leave it at its 0.5 s pace and wait for an idle queue).
 
 Why: in 0.33 static mode with the fp8-scaled model (part staticfp8 at 373d631, H200), three of
 four Pin Model servers counted 0.25-0.32 s of the cold prompt inside the pinned home's watch
