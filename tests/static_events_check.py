@@ -208,11 +208,27 @@ import comfy.model_management as mm  # noqa: E402
 
 from comfy_node import gate  # noqa: E402
 
+import execution  # noqa: E402
+
 gate.start(watch=True)
-queue = SimpleNamespace(currently_running={})
+queue = execution.PromptQueue(SimpleNamespace(queue_updated=lambda: None))  # ComfyUI's own queue, no server
 sys.modules["server"] = types.ModuleType("server")
 sys.modules["server"].PromptServer = SimpleNamespace(instance=SimpleNamespace(prompt_queue=queue))
 elsewhere = torch.empty(8 * MIB, dtype=torch.uint8)  # memory ComfyUI registered, as its PINNED_MEMORY lists it
+
+
+# The gate's watcher tells an idle queue by its mark: none while a prompt waits or runs, and a
+# new one once a prompt has started since (ComfyUI's PromptQueue, as its server drives it).
+idle = comfy_seam.queue_mark()
+queue.put((0, "first", {}, {}, []))
+queued = comfy_seam.queue_mark()
+_item, item_id = queue.get()
+running = comfy_seam.queue_mark()
+queue.task_done(item_id, {}, None)
+done = comfy_seam.queue_mark()
+checks["ComfyUI's queue: no idle mark while a prompt waits or runs, a new one after it"] = (
+    idle is not None and queued is None and running is None and done is not None and done != idle
+    and comfy_seam.queue_mark() == done and not gate.prompt_running())
 
 
 def comfy_pins(nbytes):
