@@ -198,8 +198,8 @@ if quantized_layout:  # ComfyUI 0.33: comfy-kitchen's QuantizedTensor weights
 # ComfyUI's own pins change while a prompt runs (0.33's static mode pins offloaded weights at
 # each partial load): the plan waits for the end of the prompt, unless they grew past the room
 # the last plan left. Whether a prompt runs is what ComfyUI's server queue says; its server
-# module cannot be imported outside main.py's set-up, so a stand-in holds that one queue here
-# (the real one is in the GPU check's static-mode servers: part staticfp8).
+# module cannot be imported outside main.py's set-up, so a stand-in module holds ComfyUI's own
+# PromptQueue here (a whole server drives it in the GPU check's part staticfp8).
 import time  # noqa: E402
 import types  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
