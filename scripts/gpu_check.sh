@@ -35,7 +35,9 @@
 #   staticgc    the same as staticfp8, with where each server's garbage collections ran, prompt by
 #               prompt, and each look of Viking's gate watcher (bench/probes/gc_times.py: the cold
 #               start's 0.25 s, the warm prompt's 7 ms)
-#   staticgcslow  staticgc with the watcher looking every 0.5 s while work waits (0.02 s in Viking)
+#   staticgcslow  staticgc with the watcher looking every 0.5 s while held-back pins wait (0.02 s in Viking)
+#   staticsplit the static cold start split: alone, Pin Model, the pack with no node, a clone as an
+#               output node (bench/probes/node_times.py)
 #   statusstall what a status read costs the execution thread with 24 GiB pinned (bench/status_stall.py;
 #               this machine has the RAM the dev machine lacks)
 #   staticvram  where the VRAM goes in the static cross-check (bench/probes/static_vram.py):

@@ -1,8 +1,8 @@
 """What the gate's watcher costs a sampler whose steps are bound by Python, by how often it looks.
 
-While work waits for the end of a prompt (`gate._after_prompt`), the watcher looks every
-AFTER_PROMPT_WATCH_SECONDS (0.02 s) in place of WATCH_SECONDS (0.5 s); in 0.33 static mode with
-a quantized model that is the rest of every prompt from its first event on. Each look takes the
+While pins held back from a prompt wait for its end (`gate.after_prompt(..., shown=True)`), the
+watcher looks every AFTER_PROMPT_WATCH_SECONDS (0.02 s) in place of WATCH_SECONDS (0.5 s); until
+43bdef6 any waiting work did, routine checks included. Each look takes the
 GIL from ComfyUI's execution thread. Here that thread is a loop of "layers", each a few Python
 calls and small torch ops on the CPU (as a launch-bound sampler step spends its time), timed
 beside the real watcher (`gate._watch`, this checkout's code, a prompt running so that the looks
@@ -37,7 +37,7 @@ def measure(case: str) -> dict:
     comfy.prompt_running = lambda: True  # a prompt runs: the looks apply nothing
     if case != "no watcher":
         if case == "every 0.02 s":
-            gate._after_prompt["probe"] = ("a check waiting for the prompt's end", lambda: None, False)
+            gate._after_prompt["probe"] = ("pins waiting for the prompt's end", lambda: None, True)
         threading.Thread(target=gate._watch, daemon=True).start()
     weights = [torch.randn(64, 64) for _ in range(200)] * (LAYERS // 200)
     x = torch.randn(1, 64)
@@ -54,7 +54,7 @@ def measure(case: str) -> dict:
             x = layer(x, w)
         steps.append(time.perf_counter() - begin)
     return {"step_ms_mean": round(1000 * statistics.mean(steps), 3), "looks_every_s":
-            None if case == "no watcher" else (gate.AFTER_PROMPT_WATCH_SECONDS if gate._after_prompt else gate.WATCH_SECONDS)}
+            None if case == "no watcher" else gate._next_look_seconds}
 
 
 def main():
