@@ -68,6 +68,9 @@ SOURCES = {
     "gpu_dynamic_cold_fp8_scaled.bench.json": NODE_TIMES,  # the bench's own file beside it
     "gpu_probe_static_fp8_node_times.json": NODE_TIMES,  # 0.33 static mode, fp8-scaled (part staticfp8)
     "gpu_probe_static_fp8_node_times.bench.json": NODE_TIMES,
+    "gpu_probe_static_fp8_split.json": NODE_TIMES,  # the static cold start split (part staticsplit)
+    "gpu_probe_static_fp8_split.bench.json": NODE_TIMES,
+    "gpu_probe_static_fp8_gc.json": NODE_TIMES + ["bench/probes/gc_times.py"],  # full collections per prompt (part staticgc)
     "status_stall_24gib.json": NATIVE + ["bench/status_stall.py"],
     "watcher_gc_cpu.json": ["comfy_node/gate.py", "bench/probes/watcher_gc.py"],
     "watch_rate_cpu.json": ["comfy_node/gate.py", "comfy_node/comfy.py", "bench/probes/watch_rate.py"],
