@@ -70,6 +70,7 @@ def _priority_of(patcher) -> int:
 
 
 def _refuse_for(owner: int):
+    @timing.holds_collector
     def refuse(kind: str) -> bool:
         record = models.get(owner)
         if record is None:

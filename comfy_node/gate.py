@@ -17,13 +17,12 @@ thread's next Viking callback (`start(watch=False)`).
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
 from typing import Callable
 
-from . import comfy, dynamic
+from . import comfy, dynamic, timing
 from .native import native
 
 log = logging.getLogger("viking_engine")
@@ -177,8 +176,7 @@ def _watch_once():
     global _idle_mark, _next_look_seconds
     _take_lock()  # bound once: a `with lock` would allocate its bound methods, which can set off a collection
     try:
-        collecting = gc.isenabled()
-        gc.disable()  # before any allocation of this look
+        timing.hold_collector()  # before any allocation of this look
         try:
             mark = comfy.queue_mark()
             quiet, _idle_mark = mark is not None and mark == _idle_mark, mark
@@ -194,8 +192,7 @@ def _watch_once():
         except Exception as error:  # noqa: BLE001 - the watcher must keep going
             log.warning("Viking Engine: gate watcher: %s", error)
         finally:
-            if collecting:
-                gc.enable()
+            timing.release_collector()
     finally:
         _give_lock()
 

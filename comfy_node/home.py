@@ -196,6 +196,16 @@ def watching(patcher, record):
     Why there: ComfyUI moves weights with `model.to(...)` and `module.to(...)`, and restores its
     patch backups before it moves them back; no callback runs in between. Nothing stays on the
     modules after the call (so they still deep-copy and pickle as usual)."""
+    installed = _watch(patcher, record)
+    try:
+        yield
+    finally:
+        _unwatch(installed)
+
+
+@timing.holds_collector
+def _watch(patcher, record) -> list:
+    """Puts the instance-level `to` on the modules `watching` covers; returns them."""
     installed = []
     with timing.timed("watch"):
         model = comfy.torch_model(patcher)
@@ -212,12 +222,14 @@ def watching(patcher, record):
             if "to" not in vars(module):
                 module.to = _home_first_to(weakref.ref(module), prefix, record, weakref.ref(patcher))
                 installed.append(module)
-    try:
-        yield
-    finally:
-        with timing.timed("watch"):
-            for module in installed:
-                del module.to
+    return installed
+
+
+@timing.holds_collector
+def _unwatch(installed: list):
+    with timing.timed("watch"):
+        for module in installed:
+            del module.to
 
 
 def _home_first_to(module_ref, prefix: str, record, patcher_ref):

@@ -24,7 +24,7 @@ from . import comfy, dynamic, gate, home, models, prefetch, shared_settings, tim
 from . import native as native_module
 from .models import ModelRecord, PinSettings
 from .native import require
-from .weights import PLAIN, as_read, host_ranges, identity_key, tree_tensors
+from .weights import PLAIN, as_read, host_ranges, identity_key, range_key, tree_tensors
 
 if TYPE_CHECKING:
     from . import contract
@@ -110,7 +110,7 @@ def reconcile(patcher) -> dict | None:
         more_fits = _budget_may_fit_more(native, record.last_report)
         if more_fits or state != record.dynamic_state:
             ranges = dynamic.file_ranges(patcher, record)
-            signature = lost + tuple((r[0], r[1]) for r in ranges)
+            signature = lost + (range_key(ranges),)
             if more_fits or signature != record.dynamic_signature:
                 record.last_report = _reconcile_ranges(native, patcher, record, ranges)
                 record.dynamic_signature = signature
@@ -256,8 +256,8 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
     comfy_ranges, comfy_total = comfy.foreign_pins()
     backend = backend_for(settings.backend, patcher)
     signature = (gate.pressure_releases, native.deferred_failures(), backend, settings.priority, settings.label,
-                 settings.model_limit_gib, tree[1] + identity_key(others), tuple((r[0], r[1]) for r in extra_ranges))
-    comfy_pins = (comfy_total, tuple(comfy_ranges))
+                 settings.model_limit_gib, tree[1] + identity_key(others), range_key(extra_ranges))
+    comfy_pins = (comfy_total, range_key(comfy_ranges))
     last = record.native_report
     if last is not None and record.native_signature[:2] == (_ledger_changes, signature) and not last["pending_bytes"]:
         nothing_done = {**last, "newly_pinned_bytes": 0, "released_bytes": 0, "regions_registered": 0, "failures": [],
@@ -421,6 +421,7 @@ def _drop_streaming(record: ModelRecord):
 
 # --- ComfyUI events (execution thread) ---------------------------------------------------------
 
+@timing.holds_collector
 def _on_event(patcher, *_args):
     # Runs inside ComfyUI's load/unload: an exception here would abort the load, so never raise.
     try:
@@ -456,6 +457,7 @@ def warn_once(record: ModelRecord | None, text: str):
     log.warning("Viking Engine: %s%s", f"{record.settings.label}: " if record is not None else "", text)
 
 
+@timing.holds_collector
 def _on_pre_run(patcher, *_args):
     """Start of sampling: deferred changes go in now, and hook patches registered for this
     run switch home and prefetch off before the first step."""
@@ -471,6 +473,7 @@ def _on_pre_run(patcher, *_args):
         warn_once(record_of(patcher), f"sampling-start check failed: {error}")
 
 
+@timing.holds_collector
 def _on_clone(original, clone):
     if is_pinned(original):
         _install_wrappers(clone)
@@ -497,6 +500,7 @@ def _install_wrappers(patcher):
         comfy.wrap_instance_method(patcher, name, watched)
 
 
+@timing.holds_collector
 def attach(patcher, settings: PinSettings) -> dict | None:
     """Makes `patcher` (and clones made from it later) keep its model's weights pinned."""
     native = require()

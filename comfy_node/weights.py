@@ -4,6 +4,7 @@ engine holds a reference to the memory for as long as it is pinned."""
 
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -171,26 +172,38 @@ def module_tensors(module) -> list:
     return [as_read(t) for t in tree_tensors(module)]
 
 
-def identity_key(tensors: Iterable) -> tuple:
+def identity_key(tensors: Iterable) -> bytes:
     """A key that changes when any of `tensors` is replaced or pointed at other memory: a new
     object, `.data` set, a wrapper whose contents were swapped (torch.utils.swap_tensors, how
     `module.to()` moves wrapper subclasses) or whose inner tensors were set again. About 1 us a
     weight, against ~20 us for reading its storages (host_ranges): how a ComfyUI event that
-    moved nothing is told from one that did."""
+    moved nothing is told from one that did. Packed as one bytes object, not a tuple a weight:
+    the key outlives the event, and hundreds of tuples kept at each event would count towards
+    the process's next full garbage collection (timing.py's note). Each tensor's record starts
+    with its length, so two different lists of tensors never pack to the same bytes."""
     import torch
 
     plain_types = (torch.Tensor, torch.nn.Parameter)
-    key = []
+    key = array.array("q")
     for tensor in tensors:
         if tensor is None:
             continue
         try:
             address = tensor.data_ptr()
+            if address >= 1 << 63:
+                address -= 1 << 64  # the same bits, as the signed 64-bit number the array holds
         except Exception:  # noqa: BLE001 - a wrapper without storage of its own: its parts below
             address = -1
         if type(tensor) in plain_types:
-            key.append((id(tensor), address))
+            key.extend((2, id(tensor), address))
         else:
             inner = vars(tensor)
-            key.append((id(tensor), address, id(inner), tuple(map(id, inner.values()))))
-    return tuple(key)
+            key.extend((3 + len(inner), id(tensor), address, id(inner)))
+            key.extend(map(id, inner.values()))
+    return key.tobytes()
+
+
+def range_key(ranges: Iterable) -> bytes:
+    """The (address, size) pairs of `ranges` packed for a comparison kept between events (one
+    object, for the reason identity_key gives)."""
+    return array.array("q", [number for start, size, *_ in ranges for number in (start, size)]).tobytes()
