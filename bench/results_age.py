@@ -48,6 +48,7 @@ SOURCES = {
     "gpu_probe_node_times.json": NODE_TIMES,  # likewise
     "event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/event_cost.py", "tests/dynamic_cpu.py"],
     "static_event_cost_cpu.json": NATIVE + ["comfy_node", "bench/probes/static_event_cost.py"],
+    "kept_objects_cpu.json": NATIVE + ["comfy_node", "bench/probes/kept_objects.py", "bench/probes/static_event_cost.py"],
     "gpu_probe_partial_registration.json": ["bench/probes/partial_registration.py"],
     "gpu_probe_file_mapping.json": ["bench/probes/file_mapping.py"],
     "plan.json": ["src/plan.rs", "src/spans.rs", "benches/plan.rs"],
@@ -72,8 +73,8 @@ SOURCES = {
     "gpu_probe_static_fp8_split.bench.json": NODE_TIMES,
     "gpu_probe_static_fp8_gc.json": NODE_TIMES + ["bench/probes/gc_times.py"],  # full collections per prompt (part staticgc)
     "status_stall_24gib.json": NATIVE + ["bench/status_stall.py"],
-    "watcher_gc_cpu.json": ["comfy_node/gate.py", "bench/probes/watcher_gc.py"],
-    "watch_rate_cpu.json": ["comfy_node/gate.py", "comfy_node/comfy.py", "bench/probes/watch_rate.py"],
+    "watcher_gc_cpu.json": ["comfy_node/gate.py", "comfy_node/timing.py", "bench/probes/watcher_gc.py"],
+    "watch_rate_cpu.json": ["comfy_node/gate.py", "comfy_node/comfy.py", "comfy_node/timing.py", "bench/probes/watch_rate.py"],
     "gpu_probe_static_event_breakdown.json": NATIVE + ["comfy_node", "bench/probes/static_event_breakdown.py",
                                                         "bench/probes/static_event_cost.py", "bench/flux_model.py"],
 }

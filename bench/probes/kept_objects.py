@@ -1,0 +1,113 @@
+"""What Viking's work counts towards the process's garbage collections, on the CPU (ComfyUI 0.33
+in this process, the fp8-scaled Flux-shaped model of bench/probes/static_event_cost.py loaded by
+ComfyUI's own loader, static mode): for the node's first attach and for a ComfyUI event that
+moves nothing and for one after a weight was pointed at other memory (`lifecycle._on_event`,
+as ComfyUI calls it; the second walks and plans the weights), the objects the collector counts
+that the work leaves behind (its young-generation count, read with collection off; what the
+work allocates and frees again nets out). Python starts a full collection of the heap (0.25 s
+in a 0.33 server with this model) once enough young collections have run since the last, and
+each 700 objects kept make one.
+Side by side: this tree and, with --baseline DIR, the comfy_node/ of another checkout (each in
+its own process, alternating, two rounds each).
+
+usage: python bench/probes/kept_objects.py COMFY_0_33_DIR OUT.json [--depth 8] [--baseline DIR --baseline-commit C]
+       (ComfyUI 0.33's Python)
+"""
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EVENTS = 8
+
+
+def arg(name, default):
+    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+def measure(comfy_dir: str, code_root: str, model_path: str):
+    sys.path[:0] = [code_root, os.path.join(ROOT, "bench")]
+    import flux_model
+
+    flux_model.start_comfy(comfy_dir, cpu=True)
+    sys.path.insert(0, code_root)  # start_comfy put this repository first: the code measured goes before it
+    import comfy.sd
+
+    from comfy_node import lifecycle
+    from comfy_node.native import require
+
+    native = require()
+    native.configure(headroom_gib=0.0)
+    def kept(work) -> int:
+        """Objects the collector counts that `work` leaves behind: its young count, collection off."""
+        gc.collect()
+        gc.disable()
+        try:
+            before = gc.get_count()[0]
+            work()
+            return gc.get_count()[0] - before
+        finally:
+            gc.enable()
+
+    import torch
+
+    settings = lifecycle.PinSettings(label="kept objects", backend="os-lock", headroom_gib=0.0)
+    patcher = comfy.sd.load_diffusion_model(model_path)
+    first_kept = kept(lambda: lifecycle.attach(patcher, settings))
+    for _ in range(3):
+        lifecycle._on_event(patcher)
+    still = [kept(lambda: lifecycle._on_event(patcher)) for _ in range(EVENTS)]
+    # An event after a weight was pointed at other memory: the weights are walked and planned.
+    weight = next(w for w in patcher.model.diffusion_model.parameters() if type(w.data) is torch.Tensor)
+    other = [weight.data, weight.data.clone()]
+    moved = []
+    for index in range(EVENTS):
+        weight.data = other[index % 2]
+        moved.append(kept(lambda: lifecycle._on_event(patcher)))
+    print(json.dumps({"first_attach_kept": first_kept, "event_moved_nothing_kept": statistics.median(still),
+                      "event_weight_moved_kept": statistics.median(moved),
+                      "weights": sum(1 for _ in patcher.model.parameters()),
+                      "pinned_bytes": lifecycle.record_of(patcher).last_report["pinned_bytes"]}))
+
+
+def main():
+    sys.path.insert(0, HERE)
+    from static_event_cost import model_file
+
+    comfy_dir, out_path = sys.argv[1], sys.argv[2]
+    depth = arg("--depth", 8)
+    baseline = arg("--baseline", "")
+    path = model_file(comfy_dir, depth)
+    trees = {"this": ROOT} | ({"baseline": baseline} if baseline else {})
+    runs = {name: [] for name in trees}
+    for _round in range(2):
+        for name, code_root in trees.items():
+            child = subprocess.run([sys.executable, __file__, "--measure", comfy_dir, code_root, path],
+                                   capture_output=True, text=True, timeout=900)
+            line = next((l for l in reversed(child.stdout.splitlines()) if l.startswith("{")), None)
+            if line is None:
+                sys.exit(f"{name}: the measuring process printed no result:\n{child.stderr[-3000:]}")
+            runs[name].append(json.loads(line))
+            print(name, runs[name][-1], flush=True)
+    keys = [k for k in runs["this"][0] if k not in ("weights", "pinned_bytes")]
+    result = {"probe": "kept_objects", "date": time.strftime("%Y-%m-%d"), "depth": depth, "format": "fp8_scaled",
+              "events": EVENTS, "runs": runs,
+              "median": {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in runs.items()}}
+    if baseline:
+        result["baseline_commit"] = arg("--baseline-commit", "")
+    with open(out_path, "w") as out:
+        json.dump(result, out, indent=1)
+    print(json.dumps(result["median"]))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--measure"]:
+        measure(*sys.argv[2:5])
+    else:
+        main()
