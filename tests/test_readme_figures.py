@@ -371,6 +371,17 @@ def watcher_gc():
             f"{f(this['longest_pause_ms'], 1)} ms against {f(base['longest_pause_ms'], 1)} ms"]
 
 
+def kept_objects():
+    d = load("kept_objects_cpu.json")
+    this, base = d["median"]["this"], d["median"]["baseline"]
+    return [f"the first attach {f(this['first_attach_kept'], 0)} against {f(base['first_attach_kept'], 0)} at "
+            f"`{d['baseline_commit']}`",
+            f"an event that moves nothing {f(this['event_moved_nothing_kept'], 0)} against "
+            f"{f(base['event_moved_nothing_kept'], 0)}",
+            f"an event after a weight moved {f(this['event_weight_moved_kept'], 0)} against "
+            f"{f(base['event_weight_moved_kept'], 0)}"]
+
+
 def plan():
     return [f"{f(load('plan.json')['median_ms'], 1)} ms median"]
 
@@ -385,7 +396,7 @@ FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timin
            "gpu_probe_static_vram.json": lambda: static_vram("gpu_probe_static_vram.json"),
            "gpu_probe_node_times.json": node_times,
            "gpu_probe_static_fp8_node_times.bench.json": static_fp8_rounds,
-           "swap_cpu.json": swap, "watcher_gc_cpu.json": watcher_gc}
+           "swap_cpu.json": swap, "watcher_gc_cpu.json": watcher_gc, "kept_objects_cpu.json": kept_objects}
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
