@@ -2,11 +2,12 @@
 in this process, the fp8-scaled Flux-shaped model of bench/probes/static_event_cost.py loaded by
 ComfyUI's own loader, static mode): for the node's first attach and for a ComfyUI event that
 moves nothing and for one after a weight was pointed at other memory (`lifecycle._on_event`,
-as ComfyUI calls it; the second walks and plans the weights), the objects the collector counts
-that the work leaves behind (its young-generation count, read with collection off; what the
-work allocates and frees again nets out). Python starts a full collection of the heap (0.25 s
-in a 0.33 server with this model) once enough young collections have run since the last, and
-each 700 objects kept make one.
+as ComfyUI calls it; the second walks and plans the weights), what the work adds to the
+collector's young-generation count, read with collection off: the objects it keeps, and those
+it freed into one of Python's free lists (tuples, lists, dicts), which the count does not take
+back; what it frees to the allocator nets out. That count is the collector's clock: each 700
+start a young collection, and Python starts a full collection of the heap (0.25 s in a 0.33
+server with this model) once enough young collections have run since the last.
 Side by side: this tree and, with --baseline DIR, the comfy_node/ of another checkout (each in
 its own process, alternating, two rounds each).
 
@@ -45,7 +46,7 @@ def measure(comfy_dir: str, code_root: str, model_path: str):
     native = require()
     native.configure(headroom_gib=0.0)
     def kept(work) -> int:
-        """Objects the collector counts that `work` leaves behind: its young count, collection off."""
+        """What `work` adds to the collector's young count (collection off)."""
         gc.collect()
         gc.disable()
         try:
