@@ -19,32 +19,21 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from static_event_cost import alternate, arg, model_file, start_with_code  # noqa: E402
+
 EVENTS = 8
 
 
-def arg(name, default):
-    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
-
-
 def measure(comfy_dir: str, code_root: str, model_path: str):
-    sys.path[:0] = [code_root, os.path.join(ROOT, "bench")]
-    import flux_model
+    sd, lifecycle, _native = start_with_code(comfy_dir, code_root)
+    import torch
 
-    flux_model.start_comfy(comfy_dir, cpu=True)
-    sys.path.insert(0, code_root)  # start_comfy put this repository first: the code measured goes before it
-    import comfy.sd
-
-    from comfy_node import lifecycle
-    from comfy_node.native import require
-
-    native = require()
-    native.configure(headroom_gib=0.0)
     def kept(work) -> int:
         """What `work` adds to the collector's young count (collection off)."""
         gc.collect()
@@ -56,10 +45,8 @@ def measure(comfy_dir: str, code_root: str, model_path: str):
         finally:
             gc.enable()
 
-    import torch
-
     settings = lifecycle.PinSettings(label="kept objects", backend="os-lock", headroom_gib=0.0)
-    patcher = comfy.sd.load_diffusion_model(model_path)
+    patcher = sd.load_diffusion_model(model_path)
     first_kept = kept(lambda: lifecycle.attach(patcher, settings))
     for _ in range(3):
         lifecycle._on_event(patcher)
@@ -78,24 +65,12 @@ def measure(comfy_dir: str, code_root: str, model_path: str):
 
 
 def main():
-    sys.path.insert(0, HERE)
-    from static_event_cost import model_file
-
     comfy_dir, out_path = sys.argv[1], sys.argv[2]
     depth = arg("--depth", 8)
     baseline = arg("--baseline", "")
     path = model_file(comfy_dir, depth)
     trees = {"this": ROOT} | ({"baseline": baseline} if baseline else {})
-    runs = {name: [] for name in trees}
-    for _round in range(2):
-        for name, code_root in trees.items():
-            child = subprocess.run([sys.executable, __file__, "--measure", comfy_dir, code_root, path],
-                                   capture_output=True, text=True, timeout=900)
-            line = next((l for l in reversed(child.stdout.splitlines()) if l.startswith("{")), None)
-            if line is None:
-                sys.exit(f"{name}: the measuring process printed no result:\n{child.stderr[-3000:]}")
-            runs[name].append(json.loads(line))
-            print(name, runs[name][-1], flush=True)
+    runs = alternate(__file__, comfy_dir, trees, path)
     keys = [k for k in runs["this"][0] if k not in ("weights", "pinned_bytes")]
     result = {"probe": "kept_objects", "date": time.strftime("%Y-%m-%d"), "depth": depth, "format": "fp8_scaled",
               "events": EVENTS, "runs": runs,

@@ -28,8 +28,9 @@ def arg(name, default):
     return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
-def measure(comfy_dir: str, code_root: str, model_path: str):
-    """In this process: the model loaded by ComfyUI, pinned with `code_root`'s comfy_node."""
+def start_with_code(comfy_dir: str, code_root: str):
+    """In this process: ComfyUI (on the CPU) and `code_root`'s comfy_node, with no headroom.
+    Returns ComfyUI's `comfy.sd`, Viking's `lifecycle` and the native module."""
     sys.path[:0] = [code_root, os.path.join(ROOT, "bench")]
     import flux_model
 
@@ -43,7 +44,29 @@ def measure(comfy_dir: str, code_root: str, model_path: str):
     assert os.path.dirname(os.path.dirname(os.path.abspath(lifecycle.__file__))) == os.path.abspath(code_root)
     native = require()
     native.configure(headroom_gib=0.0)
-    patcher = comfy.sd.load_diffusion_model(model_path)
+    return comfy.sd, lifecycle, native
+
+
+def alternate(script: str, comfy_dir: str, trees: dict, model_path: str) -> dict:
+    """Runs `script --measure COMFY CODE_ROOT MODEL` for each tree, alternating, two rounds; each
+    child prints its result as a JSON line. Returns {tree name: [results]}."""
+    runs = {name: [] for name in trees}
+    for _round in range(2):
+        for name, code_root in trees.items():
+            child = subprocess.run([sys.executable, script, "--measure", comfy_dir, code_root, model_path],
+                                   capture_output=True, text=True, timeout=900)
+            line = next((l for l in reversed(child.stdout.splitlines()) if l.startswith("{")), None)
+            if line is None:
+                sys.exit(f"{name}: the measuring process printed no result:\n{child.stderr[-3000:]}")
+            runs[name].append(json.loads(line))
+            print(name, runs[name][-1], flush=True)
+    return runs
+
+
+def measure(comfy_dir: str, code_root: str, model_path: str):
+    """In this process: the model loaded by ComfyUI, pinned with `code_root`'s comfy_node."""
+    sd, lifecycle, native = start_with_code(comfy_dir, code_root)
+    patcher = sd.load_diffusion_model(model_path)
     calls = {"reconcile": 0}
     inner = native.reconcile
 
@@ -68,7 +91,7 @@ def measure(comfy_dir: str, code_root: str, model_path: str):
               "pinned_bytes": report["pinned_bytes"], "first_pinned_bytes": first["pinned_bytes"],
               "bytes_by_kind": kinds}
     if hasattr(lifecycle, "_holds_nothing_during_prompt"):  # code that leaves such events to the prompt's end
-        result["moved"] = moved_events(comfy.sd.load_diffusion_model(model_path), lifecycle, calls)
+        result["moved"] = moved_events(sd.load_diffusion_model(model_path), lifecycle, calls)
     print(json.dumps(result))
 
 
@@ -152,16 +175,7 @@ def main():
     baseline = arg("--baseline", "")
     path = model_file(comfy_dir, depth)
     trees = {"this": ROOT} | ({"baseline": baseline} if baseline else {})
-    runs = {name: [] for name in trees}
-    for _round in range(2):
-        for name, code_root in trees.items():
-            child = subprocess.run([sys.executable, __file__, "--measure", comfy_dir, code_root, path],
-                                   capture_output=True, text=True, timeout=900)
-            line = next((l for l in reversed(child.stdout.splitlines()) if l.startswith("{")), None)
-            if line is None:
-                sys.exit(f"{name}: the measuring process printed no result:\n{child.stderr[-3000:]}")
-            runs[name].append(json.loads(line))
-            print(name, runs[name][-1], flush=True)
+    runs = alternate(__file__, comfy_dir, trees, path)
     result = {"probe": "static_event_cost", "date": time.strftime("%Y-%m-%d"), "depth": depth, "format": "fp8_scaled",
               "model_file_bytes": os.path.getsize(path), "runs": runs,
               "median_ms": {name: statistics.median(r["median_ms"] for r in rs) for name, rs in runs.items()}}
