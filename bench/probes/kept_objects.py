@@ -23,9 +23,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from static_event_cost import alternate, arg, model_file, start_with_code  # noqa: E402
+from static_event_cost import arg, side_by_side, start_with_code  # noqa: E402
 
 EVENTS = 8
 
@@ -65,17 +64,12 @@ def measure(comfy_dir: str, code_root: str, model_path: str):
 
 
 def main():
-    comfy_dir, out_path = sys.argv[1], sys.argv[2]
-    depth = arg("--depth", 8)
-    baseline = arg("--baseline", "")
-    path = model_file(comfy_dir, depth)
-    trees = {"this": ROOT} | ({"baseline": baseline} if baseline else {})
-    runs = alternate(__file__, comfy_dir, trees, path)
+    out_path, depth, _path, runs = side_by_side(__file__, default_depth=8)
     keys = [k for k in runs["this"][0] if k not in ("weights", "pinned_bytes")]
     result = {"probe": "kept_objects", "date": time.strftime("%Y-%m-%d"), "depth": depth, "format": "fp8_scaled",
               "events": EVENTS, "runs": runs,
               "median": {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in runs.items()}}
-    if baseline:
+    if "baseline" in runs:
         result["baseline_commit"] = arg("--baseline-commit", "")
     with open(out_path, "w") as out:
         json.dump(result, out, indent=1)

@@ -47,9 +47,16 @@ def start_with_code(comfy_dir: str, code_root: str):
     return comfy.sd, lifecycle, native
 
 
-def alternate(script: str, comfy_dir: str, trees: dict, model_path: str) -> dict:
-    """Runs `script --measure COMFY CODE_ROOT MODEL` for each tree, alternating, two rounds; each
-    child prints its result as a JSON line. Returns {tree name: [results]}."""
+def side_by_side(script: str, default_depth: int):
+    """A probe's main part, from its command line (COMFY_DIR OUT.json [--depth N] [--baseline
+    DIR]): runs `script --measure COMFY CODE_ROOT MODEL` for this tree and the baseline's,
+    alternating, two rounds; each child prints its result as a JSON line. Returns the out path,
+    the depth, the model file and {tree name: [results]}."""
+    comfy_dir, out_path = sys.argv[1], sys.argv[2]
+    depth = arg("--depth", default_depth)
+    baseline = arg("--baseline", "")
+    model_path = model_file(comfy_dir, depth)
+    trees = {"this": ROOT} | ({"baseline": baseline} if baseline else {})
     runs = {name: [] for name in trees}
     for _round in range(2):
         for name, code_root in trees.items():
@@ -60,7 +67,7 @@ def alternate(script: str, comfy_dir: str, trees: dict, model_path: str) -> dict
                 sys.exit(f"{name}: the measuring process printed no result:\n{child.stderr[-3000:]}")
             runs[name].append(json.loads(line))
             print(name, runs[name][-1], flush=True)
-    return runs
+    return out_path, depth, model_path, runs
 
 
 def measure(comfy_dir: str, code_root: str, model_path: str):
@@ -170,12 +177,7 @@ def write_model(comfy_dir: str, path: str, depth: int):
 
 
 def main():
-    comfy_dir, out_path = sys.argv[1], sys.argv[2]
-    depth = arg("--depth", 2)
-    baseline = arg("--baseline", "")
-    path = model_file(comfy_dir, depth)
-    trees = {"this": ROOT} | ({"baseline": baseline} if baseline else {})
-    runs = alternate(__file__, comfy_dir, trees, path)
+    out_path, depth, path, runs = side_by_side(__file__, default_depth=2)
     result = {"probe": "static_event_cost", "date": time.strftime("%Y-%m-%d"), "depth": depth, "format": "fp8_scaled",
               "model_file_bytes": os.path.getsize(path), "runs": runs,
               "median_ms": {name: statistics.median(r["median_ms"] for r in rs) for name, rs in runs.items()}}
@@ -185,7 +187,7 @@ def main():
                                      for name in ("no_prompt", "during_prompt")}
         result["moved_no_prompt_over_during"] = round(result["moved_median_ms"]["no_prompt"]
                                                       / result["moved_median_ms"]["during_prompt"], 1)
-    if baseline:
+    if "baseline" in runs:
         result["baseline_commit"] = arg("--baseline-commit", "")
         result["baseline_over_this"] = round(result["median_ms"]["baseline"] / result["median_ms"]["this"], 2)
     with open(out_path, "w") as out:
