@@ -330,10 +330,7 @@ def _registrations_now(patcher, record: ModelRecord, ranges: list, pinned_elsewh
     In static mode ComfyUI's loads of a GPU model leave new host memory behind (the weights it
     moved back to RAM, a loader's buffer replaced by per-weight storages at the first load):
     registering gigabytes of it costs a prompt ~80 ms a GB (measured on an H100,
-    bench/probes/static_event_breakdown.py), time ComfyUI alone never spends. A model computed
-    on the CPU (--cpu) pays more: ComfyUI maps a safetensors file copy-on-write, and the OS lock
-    copies each page of it, 2.5-3.5 s of a 13.6 s first prompt for 1.3 GB on a 2-core machine
-    (bench/cpu_cold_start.py at aedacbe; ComfyUI alone took 9.7 s). So a running
+    bench/probes/static_event_breakdown.py), time ComfyUI alone never spends. So a running
     prompt registers at most REGISTER_DURING_PROMPT_BYTES of new memory; the ranges registered
     already are kept (and released as usual), and the rest is registered by the gate's watcher
     once no prompt runs, a step at a time, so a prompt queued meanwhile waits one step at most.
@@ -372,8 +369,8 @@ def _reconcile_after_prompt(ref):
 
 def _note_waiting(record: ModelRecord, waiting_bytes: int):
     record.set_note(WAITING_NOTE, waiting_bytes and (
-        f"{waiting_bytes / 2**30:.2f} GiB {WAITING_NOTE}: registering it now would cost the running "
-        "prompt time"))
+        f"{waiting_bytes / 2**30:.2f} GiB {WAITING_NOTE}: registering it now would cost the prompt "
+        "time (ComfyUI moves this model between RAM and VRAM)"))
 
 
 def _note_weights_left(record: ModelRecord, left: dict):
