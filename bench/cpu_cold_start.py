@@ -3,10 +3,9 @@ a machine with no GPU), alone and with the Viking Pin Model: bench/gpu_dynamic.p
 (unchanged, in-process) with its static modes, fresh servers taking turns (alone, Pin Model,
 then the reverse order), the model file's pages dropped from the page cache before each server.
 
-Why: there the Pin Model locks the weights with the OS page lock while the prompt runs. ComfyUI
-maps a safetensors file copy-on-write, so a lock reads every page of it from the disk; at
-1117865 that read took 19.8 s of a 64 s cold prompt for a 4.8 GB fp8-scaled model on this
-2-core machine, where ComfyUI alone took 48-54 s. The figures here: each mode's cold, warm and
+Why: there the Pin Model locks the weights with the OS page lock while the first prompt runs.
+ComfyUI maps a safetensors file copy-on-write, so the lock reads every page of it in and copies
+it; ComfyUI alone reads the pages as it computes. The figures here: each server's cold, warm and
 after-pressure seconds, Viking's seconds inside the cold prompt's native reconcile, the ratios
 (Viking's median over alone's) and whether every latent is bit-identical to alone's.
 

@@ -59,6 +59,7 @@ SOURCES = {
     "gpu_dynamic_gguf.json": DYNAMIC_BENCH,
     "gpu_probe_fp8_clone.json": DYNAMIC_BENCH,
     "cpu_cold_start.json": DYNAMIC_BENCH + ["bench/cpu_cold_start.py"],  # runs gpu_dynamic.py --cpu in-process
+    "cpu_cold_start.bench.json": DYNAMIC_BENCH + ["bench/cpu_cold_start.py"],
     "gpu_memlock.json": NATIVE + ["comfy_node/weights.py", "bench/probes/memlock_cuda.py"],
     "gpu_cpu_flag_0_3_75.json": NATIVE + SERVER + ["tests/test_gpu_server.py"],
     "gpu_cpu_flag_0_33.json": NATIVE + SERVER + ["tests/test_gpu_server.py"],

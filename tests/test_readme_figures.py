@@ -386,6 +386,19 @@ def plan():
     return [f"{f(load('plan.json')['median_ms'], 1)} ms median"]
 
 
+def cpu_cold_start():
+    d = load("cpu_cold_start.json")
+    alone, pin, ratio = d["medians"]["alone"], d["medians"]["pin_model"], d["pin_model_over_alone"]
+    rows = [f"| {label} | {alone[stage]:.2f} s | {pin[stage]:.2f} s | {'**' if stage == 'cold start' else ''}"
+            f"{ratio[stage]:.2f}x{'**' if stage == 'cold start' else ''} |"
+            for stage, label in (("cold start", "first prompt (medians of three servers)"), ("warm", "warm prompt"),
+                                 ("after pressure", "after memory pressure"))]
+    native = [s["viking_native_seconds_in_cold_prompt"] for s in d["servers"].values() if "viking_native_seconds_in_cold_prompt" in s]
+    return rows + [f"{ratio['cold start']:.2f}x on a 2-core machine without a GPU ({pin['cold start']:.1f} s against "
+                   f"{alone['cold start']:.1f} s", f"({min(native):.1f}-{max(native):.1f} s of native reconcile in the first prompt here)"]
+
+
+
 FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,
            "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "gpu_dynamic_fastdisk.json": dynamic_fastdisk,
            "gpu_server_0_33_dynamic.json": server_dynamic,
@@ -396,7 +409,8 @@ FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timin
            "gpu_probe_static_vram.json": lambda: static_vram("gpu_probe_static_vram.json"),
            "gpu_probe_node_times.json": node_times,
            "gpu_probe_static_fp8_node_times.bench.json": static_fp8_rounds,
-           "swap_cpu.json": swap, "watcher_gc_cpu.json": watcher_gc, "kept_objects_cpu.json": kept_objects}
+           "swap_cpu.json": swap, "watcher_gc_cpu.json": watcher_gc, "kept_objects_cpu.json": kept_objects,
+           "cpu_cold_start.json": cpu_cold_start}
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))

@@ -196,13 +196,6 @@ impl State {
     /// keeps the pages resident, and faulting them all in is what takes the time.
     fn register(&mut self, request: &Request, plan: &Plan, backends: &Backends, locker: &Locker) -> Registered {
         let mut done = Registered::default();
-        // The kernel reads in every region's pages that are not in RAM yet, in large requests,
-        // while the first regions pin: a pin faults its pages in one by one. Locking 4.8 GB of
-        // a safetensors file mapped as ComfyUI maps it, not in RAM, took 6.8-13.1 s without this
-        // and 3.3-4.1 s with it on a 2-core machine (bench/cpu_cold_start.py: a whole prompt).
-        for region in &plan.regions {
-            sys::os::advise_will_need(region.addr, region.len);
-        }
         for region in &plan.regions {
             let keepalive = region.sources.iter().map(|&s| request.ranges[s].2.clone()).collect();
             let backend = backends.for_kind(region.kind);

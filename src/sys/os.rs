@@ -42,33 +42,6 @@ pub unsafe fn unlock(addr: u64, len: u64) -> Result<()> {
     }
 }
 
-/// Asks the kernel to start reading `[addr, addr+len)` into RAM now and returns at once
-/// (madvise MADV_WILLNEED: readahead of a file mapping's pages in large requests, swap-in of
-/// anonymous ones). A lock or a CUDA registration faults pages in one at a time; where they are
-/// not in RAM yet (ComfyUI maps a safetensors file copy-on-write and reads it as it computes),
-/// that means small reads. Advice only: a failure changes nothing, so it is ignored. Linux
-/// reads at most about one device request's worth per call (8 MiB of a 16 MiB file here), so
-/// the range is advised in steps; the calls queue the reads and return (0.03 s for 4.8 GB).
-#[cfg(unix)]
-pub fn advise_will_need(addr: u64, len: u64) {
-    const STEP: u64 = 2 << 20;
-    let page = page_size();
-    let end = (addr + len).div_ceil(page) * page;
-    let mut start = addr / page * page;
-    while start < end {
-        let step = STEP.min(end - start);
-        // SAFETY: MADV_WILLNEED neither reads, writes nor changes what the range holds; a part
-        // that is not mapped only makes the call fail.
-        unsafe { libc::madvise(start as *mut libc::c_void, step as libc::size_t, libc::MADV_WILLNEED) };
-        start += step;
-    }
-}
-
-/// Not advised on Windows yet (PrefetchVirtualMemory would be the call): VirtualLock reads the
-/// pages in as it goes.
-#[cfg(not(unix))]
-pub fn advise_will_need(_addr: u64, _len: u64) {}
-
 /// Maps `len` bytes of the open file `fd` from `offset` (a multiple of the page size), shared
 /// and read-only: the file's page-cache pages themselves, as every other mapping of the file
 /// sees them. Returns the address.
@@ -504,47 +477,5 @@ mod tests {
         assert!(!has_cap_ipc_lock("CapEff:\t00000000a80425fb\n")); // Docker's default set: no IPC_LOCK
         assert!(has_cap_ipc_lock("CapEff:\t00000000a80465fb\n")); // the same with --cap-add IPC_LOCK
         assert!(!has_cap_ipc_lock("no such line"));
-    }
-
-    /// A copy-on-write mapping of a file whose pages are not in RAM (dropped from the page
-    /// cache, on the disk the build uses, not tmpfs): after the advice they come in with
-    /// nothing touching them.
-    #[cfg(unix)]
-    #[test]
-    fn advice_reads_a_file_mapping_in_without_touching_it() {
-        use std::io::Write;
-        use std::os::unix::io::AsRawFd;
-        let len: u64 = 16 << 20;
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join(format!("advise_{}.bin", std::process::id()));
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        let mut file = std::fs::File::create(&path).unwrap();
-        file.write_all(&vec![3u8; len as usize]).unwrap();
-        file.sync_all().unwrap();
-        drop(file);
-        let file = std::fs::File::open(&path).unwrap();
-        // SAFETY: a fresh private mapping of the whole file, unmapped below; nothing reads it.
-        let addr = unsafe {
-            libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-            libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, file.as_raw_fd(), 0)
-        };
-        assert_ne!(addr, libc::MAP_FAILED);
-        let before = resident_in_ram(addr as u64, len).unwrap();
-        let mut after = before;
-        if before < len / 2 {
-            advise_will_need(addr as u64, len);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while after < len && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                after = resident_in_ram(addr as u64, len).unwrap();
-            }
-        }
-        // SAFETY: the mapping made above, not used afterwards.
-        unsafe { libc::munmap(addr, len as usize) };
-        let _ = std::fs::remove_file(&path);
-        if before >= len / 2 {
-            eprintln!("skipped: the page cache kept {before} of {len} bytes of the file after POSIX_FADV_DONTNEED (tmpfs?)");
-            return;
-        }
-        assert_eq!(after, len, "{after} of {len} bytes in RAM 10 s after the advice ({before} before)");
     }
 }
