@@ -398,7 +398,6 @@ def cpu_cold_start():
                    f"{alone['cold start']:.1f} s", f"({min(native):.1f}-{max(native):.1f} s of native reconcile in the first prompt here)"]
 
 
-
 FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,
            "gpu_server_0_3_75.json": servers, "gpu_dynamic.json": dynamic, "gpu_dynamic_fastdisk.json": dynamic_fastdisk,
            "gpu_server_0_33_dynamic.json": server_dynamic,
