@@ -300,3 +300,96 @@ fn a_lock_limit_is_a_named_bound_and_nothing_is_phantom() {
     assert!(again.failures.is_empty() && again.newly_pinned_bytes == 0 && again.pinned_bytes == report.pinned_bytes, "{again:?}");
     assert_eq!(engine.release_owner(1), report.pinned_bytes);
 }
+
+/// A private writable file mapping (how torch maps a safetensors file it loads copy-on-write),
+/// for the test below; unmapped on drop.
+#[cfg(target_os = "linux")]
+struct PrivateFileMapping {
+    addr: u64,
+    len: u64,
+}
+
+#[cfg(target_os = "linux")]
+impl PrivateFileMapping {
+    fn new(file: &std::fs::File, len: usize) -> PrivateFileMapping {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: maps `len` bytes of an open file; unmapped once, on drop.
+        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+        assert_ne!(addr, libc::MAP_FAILED);
+        PrivateFileMapping { addr: addr as u64, len: len as u64 }
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for PrivateFileMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unused after this.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len as usize) };
+    }
+}
+
+/// The OS lock holds a private file mapping's pages as the file's own pages, through a shared
+/// view: nothing is copied (the pages stay file pages, this process's anonymous memory does
+/// not grow), the pages stay in RAM when the kernel is asked to drop the file's cache, and the
+/// release unlocks them. A range with a page already written to (copied) is locked itself.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_private_file_mapping_is_locked_as_its_file_pages_without_a_copy() {
+    use std::io::Write;
+    use std::os::unix::io::AsRawFd;
+
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !may_lock_mib("a_private_file_mapping_is_locked_as_its_file_pages_without_a_copy", 32) {
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("viking_private_{}", std::process::id()));
+    let contents: Vec<u8> = (0..32 * MIB).map(|i| (i / 4096) as u8).collect();
+    std::fs::File::create(&path).unwrap().write_all(&contents).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let (mapping, len) = (PrivateFileMapping::new(&file, 32 * MIB), 16 * MIB as u64);
+    let addr = mapping.addr + 4096 * 3 + 100; // a tensor need not start on a page
+    let keep: Keepalive = Arc::new(mapping);
+    let anon_kib = || crate::sys::os::self_status_bytes("RssAnon").unwrap() >> 10;
+    let copied_pages = |addr, len| {
+        let mut copied = false;
+        crate::sys::os::pagemap_chunks(addr, len, &mut |_, entries| copied |= !crate::memmap::no_page_copied(entries)).unwrap();
+        copied
+    };
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    let (locked_before, anon_before) = (locked_kib(), anon_kib());
+
+    let report = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
+    assert_eq!((report.pinned_bytes, report.failures.len()), (len, 0), "{report:?}");
+    let owner = &engine.status(false, false).owners[0];
+    assert_eq!(owner.file_page_bytes, len, "held through a view");
+    assert!(locked_kib() >= locked_before + 16 * 1024, "locked");
+    assert!(anon_kib() < anon_before + 4 * 1024, "copied: RssAnon {} -> {} KiB", anon_before, anon_kib());
+    // SAFETY: reads the mapping, which `keep` holds.
+    let seen: Vec<u8> = (0..len as usize / 4096).map(|page| unsafe { *((addr + page as u64 * 4096) as *const u8) }).collect();
+    assert!(seen.iter().enumerate().all(|(page, &byte)| byte == contents[(addr - keep_addr(&keep)) as usize + page * 4096]));
+    assert!(!copied_pages(addr, len), "reading shows the file's pages");
+    // Asked to drop the file's cached pages, the kernel keeps the locked ones.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(crate::sys::os::resident_in_ram(addr, len), Some(len), "the locked pages stayed in RAM");
+    assert_eq!(engine.release_owner(1), len);
+    assert!(locked_kib() <= locked_before + 8, "unlocked on release");
+
+    // A page written to is this process's copy, which a view of the file would not hold: the
+    // range is locked itself.
+    // SAFETY: writes one byte inside the mapping.
+    unsafe { *((addr + 4096) as *mut u8) = 0xAB };
+    let report = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
+    assert_eq!(report.pinned_bytes, len, "{report:?}");
+    assert_eq!(engine.status(false, false).owners[0].file_page_bytes, 0, "locked itself");
+    assert!(locked_kib() >= locked_before + 16 * 1024);
+    engine.release_all();
+    assert!(locked_kib() <= locked_before + 8);
+    drop(keep);
+    std::fs::remove_file(path).unwrap();
+}
+
+#[cfg(target_os = "linux")]
+fn keep_addr(keep: &Keepalive) -> u64 {
+    keep.downcast_ref::<PrivateFileMapping>().unwrap().addr
+}

@@ -81,6 +81,23 @@ pub fn file_size(fd: i32) -> Result<u64> {
     }
 }
 
+/// Opens `path` read-only if it is still the file /proc/self/maps saw (the same device, as
+/// "major:minor" in hex, and inode): a file replaced on disk since it was mapped is another one.
+#[cfg(target_os = "linux")]
+pub fn open_same_file(path: &str, device: &str, inode: u64) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    let dev = meta.dev();
+    let seen = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+    (meta.is_file() && meta.ino() == inode && seen == device).then_some(file)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn open_same_file(_path: &str, _device: &str, _inode: u64) -> Option<std::fs::File> {
+    None
+}
+
 /// Bytes of `[addr, addr+len)` whose pages are in RAM now, mapped into this process or not
 /// (mincore: for a file mapping, the file's pages in the page cache). `None` if it cannot tell.
 #[cfg(unix)]
