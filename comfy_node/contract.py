@@ -82,6 +82,7 @@ class OwnerStatus(TypedDict):
     wanted_bytes: int
     pinned_bytes: int
     pending_bytes: int
+    file_page_bytes: int  # of pinned_bytes: a copy-on-write file mapping held as its file's pages (OS lock)
     regions: int
     by_backend: dict  # backend name -> bytes
     skipped: List[SkipSummary]

@@ -68,6 +68,8 @@ def status_text(status: dict) -> str:
             lines.append(f"    pinned home: {human(owner['home_bytes'])} of RAM keeps those weights for a free unload")
         if owner.get("home_note"):
             lines.append(f"    {owner['home_note']}")
+        if owner.get("file_page_bytes"):
+            lines.append(f"    {human(owner['file_page_bytes'])} of it locked as the checkpoint file's own pages (nothing copied)")
         if owner.get("resident_bytes") is not None:
             lines.append(f"    in RAM {human(owner['resident_bytes'])}, swapped out {human(owner['swapped_bytes'])}")
         for skip in owner["skipped"]:

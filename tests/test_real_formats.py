@@ -111,7 +111,7 @@ def repeated_viking_warnings(log: str) -> list:
 
 def test_downloaded_formats_pin_and_match_comfyui_alone(comfy_version, tmp_path):
     formats = FORMATS[comfy_version]
-    images, kinds = {}, {}
+    images, kinds, file_pages = {}, {}, {}
     with ComfyServer(base_dir(tmp_path / "viking", formats, True), version=comfy_version) as server:
         for name, args in cases(formats):
             before = locked_bytes(server.pid)
@@ -120,6 +120,7 @@ def test_downloaded_formats_pin_and_match_comfyui_alone(comfy_version, tmp_path)
             status = server.get("/viking/status")
             model = next(o for o in status["owners"] if o["label"].startswith("MODEL"))
             kinds[name] = model["weights"]["bytes_by_kind"]
+            file_pages[name] = model["file_page_bytes"]
             assert model["pinned_bytes"] >= 0.95 * model["wanted_bytes"] > 0, (name, model)
             assert locked_bytes(server.pid) - before >= 0.9 * status["pinned_bytes"], (name, status["pinned_bytes"])
             left = model["weights"]["left_to_comfyui"]
@@ -144,9 +145,14 @@ def test_downloaded_formats_pin_and_match_comfyui_alone(comfy_version, tmp_path)
             assert free_until(server, lambda: server.get("/viking/status")["registrations"] == 0)
         log = server.log_text()
     print(f"\nbytes by kind, ComfyUI {comfy_version}: {kinds}")
+    print(f"locked as the file's own pages (nothing copied): {file_pages}")
     if comfy_version != "0.3.75":  # 0.33 turns every such file into comfy-kitchen QuantizedTensor weights
         for name in formats + ["unet"] + [f"engine {quant}" for quant in formats]:
             assert kinds[name].get("quantized", 0) > 10 << 20, (name, kinds[name])
+        # Those weights stay views of the file torch maps copy-on-write: the OS lock holds the
+        # file's pages (a lock of the mapping itself would copy every page into new memory).
+        for name in formats + ["unet"]:
+            assert file_pages[name] >= 0.9 * kinds[name]["quantized"], (name, file_pages[name], kinds[name])
     assert "Traceback" not in log, log[-4000:]
     assert not repeated_viking_warnings(log), repeated_viking_warnings(log)
 

@@ -102,14 +102,16 @@ impl Registration {
     }
 
     /// A pin of `[addr, addr+len)` of a private file mapping made by locking `view`, the same
-    /// file pages mapped shared and read-only (file_view.rs: `of_private_range` says why).
-    /// The registration still stands for `[addr, addr+len)` in the ledger and the budget.
+    /// file pages mapped shared and read-only (file_view.rs: `of_private_range` says why), off
+    /// this thread as `deferred`: the lock only keeps the pages resident, and reading them in
+    /// is what takes the time. The registration still stands for `[addr, addr+len)` in the
+    /// ledger and the budget.
     ///
     /// # Safety
     /// As `new`; `view` must show the file pages behind the range.
-    pub unsafe fn through_view(backend: Arc<dyn Backend>, addr: u64, len: u64, view: file_view::FileView) -> Result<Registration> {
-        backend.pin(view.addr(), view.len())?;
-        Ok(Registration { backend, addr, len, released: false, deferred: None, view: Some(view) })
+    pub unsafe fn through_view(backend: Arc<dyn Backend>, addr: u64, len: u64, view: file_view::FileView, locker: &Locker) -> Result<Registration> {
+        let deferred = locker.submit(backend.clone(), view.addr(), view.len())?;
+        Ok(Registration { backend, addr, len, released: false, deferred: Some(deferred), view: Some(view) })
     }
 
     /// Whether the pin holds the range's file pages through a view of its own.

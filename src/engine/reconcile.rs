@@ -194,9 +194,9 @@ impl State {
 
     /// Step 4: registers region by region. A failed region is reported; the rest goes on.
     /// Read-only memory (a checkpoint's file pages) is pinned off this thread: that pin only
-    /// keeps the pages resident, and faulting them all in is what takes the time. The OS lock
-    /// holds a private file mapping (a safetensors file torch maps copy-on-write) through a
-    /// shared view of the same file pages, which copies nothing (file_view.rs says why).
+    /// keeps the pages resident, and faulting them all in is what takes the time. So is the OS
+    /// lock's hold on a private file mapping (a safetensors file torch maps copy-on-write),
+    /// made through a shared view of the same file pages, which copies nothing (file_view.rs).
     fn register(&mut self, request: &Request, plan: &Plan, backends: &Backends, locker: &Locker, mappings: Option<&[Mapping]>) -> Registered {
         let mut done = Registered::default();
         for region in &plan.regions {
@@ -214,7 +214,7 @@ impl State {
                 if region.kind == MemoryKind::ReadOnly {
                     Registration::deferred(backend, region.addr, region.len, locker)
                 } else if let Some(view) = view {
-                    Registration::through_view(backend, region.addr, region.len, view)
+                    Registration::through_view(backend, region.addr, region.len, view, locker)
                 } else {
                     Registration::new(backend, region.addr, region.len)
                 }

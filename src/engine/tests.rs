@@ -329,7 +329,7 @@ impl Drop for PrivateFileMapping {
 }
 
 /// The OS lock holds a private file mapping's pages as the file's own pages, through a shared
-/// view: nothing is copied (the pages stay file pages, this process's anonymous memory does
+/// view, off the caller's thread: nothing is copied (the pages stay file pages, this process's anonymous memory does
 /// not grow), the pages stay in RAM when the kernel is asked to drop the file's cache, and the
 /// release unlocks them. A range with a page already written to (copied) is locked itself.
 #[test]
@@ -361,6 +361,7 @@ fn a_private_file_mapping_is_locked_as_its_file_pages_without_a_copy() {
 
     let report = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
     assert_eq!((report.pinned_bytes, report.failures.len()), (len, 0), "{report:?}");
+    assert!(engine.settle(std::time::Duration::from_secs(30)), "locked off the caller's thread");
     let owner = &engine.status(false, false).owners[0];
     assert_eq!(owner.file_page_bytes, len, "held through a view");
     assert!(locked_kib() >= locked_before + 16 * 1024, "locked");
