@@ -50,6 +50,10 @@ pub struct Mapping {
     pub readable: bool,
     pub writable: bool,
     pub shared: bool,
+    /// Where the mapping starts in its file, and the file's device ("major:minor", hex) and
+    /// inode (0 for anonymous memory).
+    pub offset: u64,
+    pub device: String,
     pub inode: u64,
     pub path: Option<String>,
 }
@@ -78,8 +82,8 @@ pub fn parse_line(line: &str) -> Option<Mapping> {
     let mut fields = line.splitn(6, ' ');
     let (start, end) = fields.next()?.split_once('-')?;
     let perms = fields.next()?.as_bytes();
-    let _offset = fields.next()?;
-    let _device = fields.next()?;
+    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+    let device = fields.next()?.to_owned();
     let inode = fields.next()?.parse().ok()?;
     let path = fields.next().map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned);
     if perms.len() < 4 {
@@ -89,7 +93,7 @@ pub fn parse_line(line: &str) -> Option<Mapping> {
     if end <= start {
         return None;
     }
-    Some(Mapping { start, end, readable: perms[0] == b'r', writable: perms[1] == b'w', shared: perms[3] == b's', inode, path })
+    Some(Mapping { start, end, readable: perms[0] == b'r', writable: perms[1] == b'w', shared: perms[3] == b's', offset, device, inode, path })
 }
 
 /// All mappings of a maps text, sorted by start. Malformed lines are skipped.
@@ -123,6 +127,39 @@ pub fn classify(mappings: &[Mapping], addr: u64, len: u64) -> MemoryKind {
         index += 1;
     }
     worst
+}
+
+/// Which part of which file a range of a private writable file mapping shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileSlice {
+    pub path: String,
+    pub device: String,
+    pub inode: u64,
+    /// Where the range's first byte lies in the file.
+    pub offset: u64,
+}
+
+/// The file behind `[addr, addr+len)` when the whole range lies in one private writable file
+/// mapping (`MemoryKind::PrivateFile`) whose file still has a path: what a shared read-only
+/// view of the same pages needs. `None` for anything else (a range across mappings, a file
+/// deleted since it was mapped). `mappings` sorted by start.
+pub fn private_file_slice(mappings: &[Mapping], addr: u64, len: u64) -> Option<FileSlice> {
+    let end = addr.checked_add(len)?;
+    let mapping = mappings.get(mappings.partition_point(|m| m.end <= addr))?;
+    let path = mapping.path.as_deref()?;
+    let whole = mapping.start <= addr && end <= mapping.end && len > 0;
+    if !whole || mapping.kind() != MemoryKind::PrivateFile || !path.starts_with('/') || path.ends_with(" (deleted)") {
+        return None;
+    }
+    let offset = mapping.offset.checked_add(addr - mapping.start)?;
+    Some(FileSlice { path: path.to_owned(), device: mapping.device.clone(), inode: mapping.inode, offset })
+}
+
+/// Whether a private file mapping's pages, from their pagemap entries, all still show the file
+/// (none copied on write yet): present pages must be file pages (bit 61), and none swapped (a
+/// file page is never swapped, a copied one can be).
+pub fn no_page_copied(entries: &[u64]) -> bool {
+    entries.iter().all(|&e| e >> 62 & 1 == 0 && (e >> 63 == 0 || e >> 61 & 1 == 1))
 }
 
 /// One region as Windows' VirtualQuery describes it (MEMORY_BASIC_INFORMATION): its State,
@@ -276,6 +313,29 @@ mod tests {
         assert_eq!(kinds, [Anonymous, Anonymous, ReadOnly, PrivateFile, SharedWritable, ReadOnly, Special, Special, Special]);
         assert_eq!(maps[2].path.as_deref(), Some("/models/flux.safetensors"));
         assert_eq!(maps[1].path, None);
+        assert_eq!((maps[3].offset, maps[3].device.as_str(), maps[3].inode), (0, "fd:01", 1234));
+    }
+
+    #[test]
+    fn a_private_file_range_names_its_file_slice() {
+        let maps = parse(&MAPS.replace("7f0000200000-7f0000300000 rw-p 00000000", "7f0000200000-7f0000300000 rw-p 00003000"));
+        let slice = private_file_slice(&maps, 0x7f0000210010, 0x100).unwrap();
+        assert_eq!(slice, FileSlice { path: "/models/flux.safetensors".into(), device: "fd:01".into(), inode: 1234, offset: 0x13010 });
+        assert_eq!(private_file_slice(&maps, 0x7f00002ff000, 0x2000), None, "runs past the mapping");
+        assert_eq!(private_file_slice(&maps, 0x7f0000100000, 0x100), None, "read-only");
+        assert_eq!(private_file_slice(&maps, 0x7f0000000000, 0x100), None, "anonymous");
+        assert_eq!(private_file_slice(&maps, 0x7f0000200000, 0), None, "empty");
+        let deleted = parse("7f0000200000-7f0000300000 rw-p 00000000 fd:01 1234   /models/a.safetensors (deleted)\n");
+        assert_eq!(private_file_slice(&deleted, 0x7f0000200000, 0x100), None);
+    }
+
+    #[test]
+    fn copied_pages_are_seen_in_pagemap_entries() {
+        let (file_page, absent, copied, swapped) = (1u64 << 63 | 1 << 61, 0u64, 1u64 << 63, 1u64 << 62);
+        assert!(no_page_copied(&[file_page, absent, file_page]));
+        assert!(!no_page_copied(&[file_page, copied]));
+        assert!(!no_page_copied(&[absent, swapped]));
+        assert!(no_page_copied(&[]));
     }
 
     #[test]

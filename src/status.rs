@@ -27,6 +27,9 @@ pub struct OwnerStatus {
     pub pinned_bytes: u64,
     /// Of `pinned_bytes`: pins still being made off the caller's thread (backend/deferred.rs).
     pub pending_bytes: u64,
+    /// Of `pinned_bytes`: a private file mapping's bytes held as the file's own pages, through
+    /// a shared view (the OS lock, backend/file_view.rs), so nothing was copied.
+    pub file_page_bytes: u64,
     pub regions: usize,
     pub by_backend: BTreeMap<&'static str, u64>,
     pub skipped: Vec<SkipSummary>,

@@ -43,6 +43,30 @@ impl FileView {
         unsafe { map(file, offset, len) }
     }
 
+    /// A view of the file pages behind `[addr, addr+len)` of a private writable file mapping
+    /// (`slice`, from /proc/self/maps), from the page that holds its first byte, for the OS lock
+    /// to hold in place of the range itself. Why: mlock of a private *writable* mapping faults
+    /// every page in for writing, so the kernel copies each one (copy-on-write) and the model
+    /// ends up read in and copied into anonymous memory; locking the shared pages reads them
+    /// once and copies nothing, and the private mapping keeps showing those very pages.
+    /// `None` where it cannot stand in: the path now names another file, a page of the range
+    /// was already copied (written to, which the view would not hold), not Linux.
+    pub fn of_private_range(slice: &crate::memmap::FileSlice, addr: u64, len: u64) -> Option<FileView> {
+        if !cfg!(target_os = "linux") {
+            return None;
+        }
+        let page = os::page_size();
+        let mut copied = false;
+        os::pagemap_chunks(addr, len, &mut |_, entries| copied |= !crate::memmap::no_page_copied(entries))?;
+        // A private mapping starts on a page of its file: its bytes sit where the file's do.
+        if copied || slice.offset % page != addr % page {
+            return None;
+        }
+        let file = os::open_same_file(&slice.path, &slice.device, slice.inode)?;
+        let start = slice.offset / page * page;
+        FileView::open(raw_file(&file), start, slice.offset - start + len).ok()
+    }
+
     pub fn addr(&self) -> u64 {
         self.addr
     }
@@ -55,6 +79,23 @@ impl FileView {
     pub fn resident_bytes(&self) -> Option<u64> {
         os::resident_in_ram(self.addr, self.len)
     }
+}
+
+#[cfg(unix)]
+fn raw_file(file: &std::fs::File) -> i64 {
+    use std::os::unix::io::AsRawFd;
+    file.as_raw_fd() as i64
+}
+
+#[cfg(windows)]
+fn raw_file(file: &std::fs::File) -> i64 {
+    use std::os::windows::io::AsRawHandle;
+    file.as_raw_handle() as i64
+}
+
+#[cfg(not(any(unix, windows)))]
+fn raw_file(_file: &std::fs::File) -> i64 {
+    -1
 }
 
 #[cfg(unix)]
@@ -119,31 +160,19 @@ mod tests {
         (path, file)
     }
 
-    #[cfg(unix)]
-    fn raw(file: &std::fs::File) -> i64 {
-        use std::os::unix::io::AsRawFd;
-        file.as_raw_fd() as i64
-    }
-
-    #[cfg(windows)]
-    fn raw(file: &std::fs::File) -> i64 {
-        use std::os::windows::io::AsRawHandle;
-        file.as_raw_handle() as i64
-    }
-
     #[test]
     fn a_view_maps_the_file_and_checks_its_size() {
         let (path, file) = test_file(20);
         // 17 pages in: past Windows' 64 KiB granularity, so the view starts below the offset there.
-        let view = FileView::open(raw(&file), 17 * 4096, 2 * 4096).unwrap();
+        let view = FileView::open(raw_file(&file), 17 * 4096, 2 * 4096).unwrap();
         // SAFETY: the view maps 8192 readable bytes.
         let first = unsafe { *(view.addr() as *const u8) };
         assert_eq!((first, view.len()), (7, 8192));
         if cfg!(unix) {
             assert_eq!(view.resident_bytes(), Some(8192)); // just written: in the page cache
         }
-        assert!(FileView::open(raw(&file), 100, 4096).is_err(), "unaligned offset");
-        let error = FileView::open(raw(&file), 0, 21 * 4096).unwrap_err().to_string();
+        assert!(FileView::open(raw_file(&file), 100, 4096).is_err(), "unaligned offset");
+        let error = FileView::open(raw_file(&file), 0, 21 * 4096).unwrap_err().to_string();
         assert!(error.contains("replaced or truncated"), "{error}");
         drop(view);
         drop(file);
@@ -156,7 +185,7 @@ mod tests {
     fn a_view_is_read_only_memory_that_the_os_lock_holds() {
         use crate::memmap::{self, MemoryKind};
         let (path, file) = test_file(4);
-        let view = FileView::open(raw(&file), 0, 4 * 4096).unwrap();
+        let view = FileView::open(raw_file(&file), 0, 4 * 4096).unwrap();
         let heap = vec![1u8; 1 << 20];
         let kind = |addr: u64, len: u64| match os::read_self_maps() {
             Some(text) => memmap::classify(&memmap::parse(&text), addr, len),

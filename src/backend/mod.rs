@@ -87,6 +87,9 @@ pub struct Registration {
     released: bool,
     /// Set when the pin is made off this thread (deferred.rs): its state there.
     deferred: Option<Arc<Deferred>>,
+    /// Set when the pin holds the file pages behind the range through a view of its own
+    /// (`through_view`): what is locked; unmapped after the unlock, when this value drops.
+    view: Option<file_view::FileView>,
 }
 
 impl Registration {
@@ -95,7 +98,25 @@ impl Registration {
     /// sure by holding a reference to its owner next to it.
     pub unsafe fn new(backend: Arc<dyn Backend>, addr: u64, len: u64) -> Result<Registration> {
         backend.pin(addr, len)?;
-        Ok(Registration { backend, addr, len, released: false, deferred: None })
+        Ok(Registration { backend, addr, len, released: false, deferred: None, view: None })
+    }
+
+    /// A pin of `[addr, addr+len)` of a private file mapping made by locking `view`, the same
+    /// file pages mapped shared and read-only (file_view.rs: `of_private_range` says why), off
+    /// this thread as `deferred`: the lock only keeps the pages resident, and reading them in
+    /// is what takes the time. The registration still stands for `[addr, addr+len)` in the
+    /// ledger and the budget.
+    ///
+    /// # Safety
+    /// As `new`; `view` must show the file pages behind the range.
+    pub unsafe fn through_view(backend: Arc<dyn Backend>, addr: u64, len: u64, view: file_view::FileView, locker: &Locker) -> Result<Registration> {
+        let deferred = locker.submit(backend.clone(), view.addr(), view.len())?;
+        Ok(Registration { backend, addr, len, released: false, deferred: Some(deferred), view: Some(view) })
+    }
+
+    /// Whether the pin holds the range's file pages through a view of its own.
+    pub fn through_file_view(&self) -> bool {
+        self.view.is_some()
     }
 
     /// The same, with the pin queued to `locker`'s thread: it holds the range at once (for the
@@ -105,7 +126,7 @@ impl Registration {
     /// As `new`.
     pub unsafe fn deferred(backend: Arc<dyn Backend>, addr: u64, len: u64, locker: &Locker) -> Result<Registration> {
         let deferred = locker.submit(backend.clone(), addr, len)?;
-        Ok(Registration { backend, addr, len, released: false, deferred: Some(deferred) })
+        Ok(Registration { backend, addr, len, released: false, deferred: Some(deferred), view: None })
     }
 
     /// Whether the pin is still queued or being made (a deferred one).
@@ -140,8 +161,9 @@ impl Registration {
         if self.deferred.as_ref().is_some_and(|d| !d.settle_for_release()) {
             return Ok(()); // cancelled before it ran, or it failed: nothing is pinned
         }
+        let (addr, len) = self.view.as_ref().map_or((self.addr, self.len), |v| (v.addr(), v.len()));
         // SAFETY: this value pinned exactly this range and is the only one to unpin it.
-        let result = unsafe { self.backend.unpin(self.addr, self.len) };
+        let result = unsafe { self.backend.unpin(addr, len) };
         if let Err(error) = &result {
             RELEASE_FAILURES.fetch_add(1, Ordering::Relaxed);
             if let Ok(mut last) = LAST_RELEASE_ERROR.lock() {

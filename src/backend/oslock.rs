@@ -1,7 +1,6 @@
-//! The OS page lock: mlock/munlock on Unix (on Linux the pages are locked where they are, never
-//! copied: `sys::os::lock`), VirtualLock/VirtualUnlock on Windows (which raises the process's
-//! working-set minimum as it goes). It needs no GPU, takes any mapped memory (read-only file
-//! mappings too) and keeps pages out of swap / the pagefile.
+//! The OS page lock: mlock/munlock on Unix, VirtualLock/VirtualUnlock on Windows (which raises
+//! the process's working-set minimum as it goes). It needs no GPU, takes any mapped memory
+//! (read-only file mappings too) and keeps pages out of swap / the pagefile.
 //!
 //! Both lock whole pages and neither is reference counted: two regions that share a page
 //! (one tensor ends where the next begins) would unlock each other's page on release. So this

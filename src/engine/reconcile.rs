@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::{Engine, OwnerRecord, Report, Request, State};
 use crate::backend::deferred::Locker;
+use crate::backend::file_view::FileView;
 use crate::backend::{Backend, BackendChoice, BackendKind, Registration};
 use crate::budget::{self, Budget};
 use crate::error::{Result, VikingError};
@@ -74,7 +75,7 @@ impl Engine {
         released_bytes += made_room;
         let locks = Locks { room_bytes: state.lock_room(), all_kinds: backends.primary.kind() == BackendKind::OsLock };
         let plan = state.plan_for(&request, mappings.as_deref(), &budget, backends.read_only_ok(), locks);
-        let mut registered = state.register(&request, &plan, &backends, &self.locker);
+        let mut registered = state.register(&request, &plan, &backends, &self.locker, mappings.as_deref());
         for (text, bytes) in failed_late {
             registered.failures.push(text);
             registered.failed_bytes += bytes;
@@ -192,21 +193,28 @@ impl State {
     }
 
     /// Step 4: registers region by region. A failed region is reported; the rest goes on.
-    /// A checkpoint's file pages (read-only memory, and under the OS lock a file that torch maps
-    /// copy-on-write) are pinned off this thread: that pin only keeps the pages resident, and
-    /// reading them all in is what takes the time (the prompt reads them as it needs them).
-    fn register(&mut self, request: &Request, plan: &Plan, backends: &Backends, locker: &Locker) -> Registered {
+    /// Read-only memory (a checkpoint's file pages) is pinned off this thread: that pin only
+    /// keeps the pages resident, and faulting them all in is what takes the time. So is the OS
+    /// lock's hold on a private file mapping (a safetensors file torch maps copy-on-write),
+    /// made through a shared view of the same file pages, which copies nothing (file_view.rs).
+    fn register(&mut self, request: &Request, plan: &Plan, backends: &Backends, locker: &Locker, mappings: Option<&[Mapping]>) -> Registered {
         let mut done = Registered::default();
         for region in &plan.regions {
             let keepalive = region.sources.iter().map(|&s| request.ranges[s].2.clone()).collect();
             let backend = backends.for_kind(region.kind);
+            let view = match (region.kind, backend.kind(), mappings) {
+                (MemoryKind::PrivateFile, BackendKind::OsLock, Some(mappings)) => memmap::private_file_slice(mappings, region.addr, region.len)
+                    .and_then(|slice| FileView::of_private_range(&slice, region.addr, region.len)),
+                _ => None,
+            };
             // SAFETY: the entry holds `keepalive`, which keeps the region's memory mapped for
-            // as long as the registration lives (a deferred one's release waits for its pin).
+            // as long as the registration lives (a deferred one's release waits for its pin);
+            // a view shows the region's own file pages.
             let registration = unsafe {
-                let file_pages = region.kind == MemoryKind::ReadOnly
-                    || region.kind == MemoryKind::PrivateFile && backend.kind() == BackendKind::OsLock;
-                if file_pages {
+                if region.kind == MemoryKind::ReadOnly {
                     Registration::deferred(backend, region.addr, region.len, locker)
+                } else if let Some(view) = view {
+                    Registration::through_view(backend, region.addr, region.len, view, locker)
                 } else {
                     Registration::new(backend, region.addr, region.len)
                 }

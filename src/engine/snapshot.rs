@@ -58,6 +58,11 @@ impl Engine {
         // What the page-table reads below need, copied: they take ~24 ms per GiB, and the
         // engine's lock is not held for them (every pin, release and budget call waits on it).
         let wanted: BTreeMap<u64, Vec<(u64, u64)>> = state.owners.iter().map(|(&owner, record)| (owner, record.ranges.clone())).collect();
+        for entry in state.ledger.entries().filter(|e| e.registration.through_file_view()) {
+            if let Some(owner) = owners.get_mut(&entry.owner) {
+                owner.file_page_bytes += entry.len();
+            }
+        }
         let pins: Vec<(u64, u64, u64, bool)> =
             state.ledger.entries().map(|e| (e.owner, e.addr(), e.len(), e.registration.pending())).collect();
         let pinned_bytes = state.ledger.total_bytes();

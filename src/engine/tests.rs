@@ -328,71 +328,69 @@ impl Drop for PrivateFileMapping {
     }
 }
 
-/// (Locked, Anonymous) kB that /proc/self/smaps gives for the mappings overlapping a range.
-#[cfg(target_os = "linux")]
-fn smaps_kib(addr: u64, len: u64) -> (u64, u64) {
-    let text = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let (mut inside, mut locked, mut anonymous) = (false, 0, 0);
-    for line in text.lines() {
-        if let Some(mapping) = crate::memmap::parse_line(line) {
-            inside = mapping.start < addr + len && addr < mapping.end;
-        } else if inside {
-            let kib = |field: &str| line.strip_prefix(field).map(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap());
-            locked += kib("Locked:").unwrap_or(0);
-            anonymous += kib("Anonymous:").unwrap_or(0);
-        }
-    }
-    (locked, anonymous)
-}
-
-/// The OS lock holds a private writable file mapping (how torch maps a safetensors file, copy
-/// on write) where its pages are, off the caller's thread: every page is in RAM and locked, and
-/// none was copied (the kernel counts no anonymous memory in it, the pages still show the
-/// file). Asked to drop the file's cache, the kernel keeps them; a page written to afterwards
-/// is copied and locked in turn; the release unlocks all.
+/// The OS lock holds a private file mapping's pages as the file's own pages, through a shared
+/// view, off the caller's thread: nothing is copied (the pages stay file pages, this process's anonymous memory does
+/// not grow), the pages stay in RAM when the kernel is asked to drop the file's cache, and the
+/// release unlocks them. A range with a page already written to (copied) is locked itself.
 #[test]
 #[cfg(target_os = "linux")]
-fn a_private_file_mapping_is_locked_in_place_without_a_copy() {
+fn a_private_file_mapping_is_locked_as_its_file_pages_without_a_copy() {
     use std::io::Write;
     use std::os::unix::io::AsRawFd;
 
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    if !may_lock_mib("a_private_file_mapping_is_locked_in_place_without_a_copy", 32) {
+    if !may_lock_mib("a_private_file_mapping_is_locked_as_its_file_pages_without_a_copy", 32) {
         return;
     }
     let path = std::env::temp_dir().join(format!("viking_private_{}", std::process::id()));
     let contents: Vec<u8> = (0..32 * MIB).map(|i| (i / 4096) as u8).collect();
     std::fs::File::create(&path).unwrap().write_all(&contents).unwrap();
     let file = std::fs::File::open(&path).unwrap();
-    // Not yet read through the mapping, and out of the page cache: the lock must read it in.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    let mapping = PrivateFileMapping::new(&file, 32 * MIB);
-    let (addr, len) = (mapping.addr + 3 * 4096, 16 * MIB as u64); // pages 3..4099 of the file
+    let (mapping, len) = (PrivateFileMapping::new(&file, 32 * MIB), 16 * MIB as u64);
+    let addr = mapping.addr + 4096 * 3 + 100; // a tensor need not start on a page
     let keep: Keepalive = Arc::new(mapping);
+    let anon_kib = || crate::sys::os::self_status_bytes("RssAnon").unwrap() >> 10;
+    let copied_pages = |addr, len| {
+        let mut copied = false;
+        crate::sys::os::pagemap_chunks(addr, len, &mut |_, entries| copied |= !crate::memmap::no_page_copied(entries)).unwrap();
+        copied
+    };
     let engine = Engine::new();
     engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
-    let locked_before = locked_kib();
+    let (locked_before, anon_before) = (locked_kib(), anon_kib());
 
     let report = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
     assert_eq!((report.pinned_bytes, report.failures.len()), (len, 0), "{report:?}");
     assert!(engine.settle(std::time::Duration::from_secs(30)), "locked off the caller's thread");
-    assert_eq!(engine.status(false, false).pending_bytes, 0);
-    assert!(locked_kib() >= locked_before + 16 * 1024, "VmLck");
-    assert_eq!(smaps_kib(addr, len), (16 * 1024, 0), "(Locked, Anonymous) kB: every page locked, none copied");
-    let mut copied = false;
-    crate::sys::os::pagemap_chunks(addr, len, &mut |_, entries| copied |= entries.iter().any(|e| e >> 63 == 1 && e >> 61 & 1 == 0)).unwrap();
-    assert!(!copied, "every page still shows the file");
-    // SAFETY: reads inside the mapping, which `keep` holds.
-    assert!((0..4096u64).all(|page| unsafe { *((addr + page * 4096) as *const u8) } == contents[(3 + page as usize) * 4096]));
+    let owner = &engine.status(false, false).owners[0];
+    assert_eq!(owner.file_page_bytes, len, "held through a view");
+    assert!(locked_kib() >= locked_before + 16 * 1024, "locked");
+    assert!(anon_kib() < anon_before + 4 * 1024, "copied: RssAnon {} -> {} KiB", anon_before, anon_kib());
+    // SAFETY: reads the mapping, which `keep` holds.
+    let seen: Vec<u8> = (0..len as usize / 4096).map(|page| unsafe { *((addr + page as u64 * 4096) as *const u8) }).collect();
+    assert!(seen.iter().enumerate().all(|(page, &byte)| byte == contents[(addr - keep_addr(&keep)) as usize + page * 4096]));
+    assert!(!copied_pages(addr, len), "reading shows the file's pages");
+    // Asked to drop the file's cached pages, the kernel keeps the locked ones.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     assert_eq!(crate::sys::os::resident_in_ram(addr, len), Some(len), "the locked pages stayed in RAM");
-    // SAFETY: writes one byte inside the mapping.
-    unsafe { *((addr + 4096) as *mut u8) = 0xAB };
-    assert_eq!(smaps_kib(addr, len), (16 * 1024, 4), "the written page: copied, and locked");
-
     assert_eq!(engine.release_owner(1), len);
     assert!(locked_kib() <= locked_before + 8, "unlocked on release");
-    assert_eq!(smaps_kib(addr, len).0, 0);
+
+    // A page written to is this process's copy, which a view of the file would not hold: the
+    // range is locked itself.
+    // SAFETY: writes one byte inside the mapping.
+    unsafe { *((addr + 4096) as *mut u8) = 0xAB };
+    let report = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
+    assert_eq!(report.pinned_bytes, len, "{report:?}");
+    assert_eq!(engine.status(false, false).owners[0].file_page_bytes, 0, "locked itself");
+    assert!(locked_kib() >= locked_before + 16 * 1024);
+    engine.release_all();
+    assert!(locked_kib() <= locked_before + 8);
     drop(keep);
     std::fs::remove_file(path).unwrap();
+}
+
+#[cfg(target_os = "linux")]
+fn keep_addr(keep: &Keepalive) -> u64 {
+    keep.downcast_ref::<PrivateFileMapping>().unwrap().addr
 }

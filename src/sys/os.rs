@@ -20,45 +20,15 @@ pub fn page_size() -> u64 {
     4096
 }
 
-/// Locks the pages of a range where they are. On Linux: mlock2(MLOCK_ONFAULT) marks the range
-/// locked, then MADV_POPULATE_READ faults every page in for reading, and each page it maps is
-/// locked. Why not plain mlock: it faults a private *writable* mapping in for writing, so every
-/// page of a file that torch maps copy-on-write (a safetensors checkpoint) was read in and then
-/// copied into new memory, held in RAM twice over while it ran. A read fault maps the file's
-/// page-cache pages themselves; a page written to later is copied and locked then. Kernels
-/// without MADV_POPULATE_READ (before 5.14) or mlock2 (before 4.4) get plain mlock.
-///
 /// # Safety
 /// The range must be mapped.
 #[cfg(unix)]
 pub unsafe fn lock(addr: u64, len: u64) -> Result<()> {
-    #[cfg(target_os = "linux")]
-    if let Some(done) = lock_in_place(addr, len) {
-        return done;
-    }
     if libc::mlock(addr as *const libc::c_void, len as libc::size_t) == 0 {
         Ok(())
     } else {
         Err(last_os_error("mlock"))
     }
-}
-
-/// `lock`'s Linux way; `None` where this kernel lacks it. On an error the range may be left
-/// partly locked: the caller unlocks it.
-#[cfg(target_os = "linux")]
-unsafe fn lock_in_place(addr: u64, len: u64) -> Option<Result<()>> {
-    let unsupported = |error: &VikingError| matches!(error, VikingError::Os { errno, .. } if *errno == libc::ENOSYS || *errno == libc::EINVAL);
-    // Through syscall(): manylinux's glibc (2.17) has no mlock2 wrapper.
-    if libc::syscall(libc::SYS_mlock2, addr as libc::c_ulong, len as libc::size_t, libc::MLOCK_ONFAULT) != 0 {
-        let error = last_os_error("mlock2");
-        return if unsupported(&error) { None } else { Some(Err(error)) };
-    }
-    if libc::madvise(addr as *mut libc::c_void, len as libc::size_t, libc::MADV_POPULATE_READ) == 0 {
-        return Some(Ok(()));
-    }
-    let error = last_os_error("madvise(MADV_POPULATE_READ)");
-    // An older kernel: plain mlock (which turns the lock-on-fault into a full lock) follows.
-    if unsupported(&error) { None } else { Some(Err(error)) }
 }
 
 /// # Safety
@@ -109,6 +79,23 @@ pub fn file_size(fd: i32) -> Result<u64> {
     } else {
         Err(last_os_error("fstat"))
     }
+}
+
+/// Opens `path` read-only if it is still the file /proc/self/maps saw (the same device, as
+/// "major:minor" in hex, and inode): a file replaced on disk since it was mapped is another one.
+#[cfg(target_os = "linux")]
+pub fn open_same_file(path: &str, device: &str, inode: u64) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    let dev = meta.dev();
+    let seen = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+    (meta.is_file() && meta.ino() == inode && seen == device).then_some(file)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn open_same_file(_path: &str, _device: &str, _inode: u64) -> Option<std::fs::File> {
+    None
 }
 
 /// Bytes of `[addr, addr+len)` whose pages are in RAM now, mapped into this process or not
