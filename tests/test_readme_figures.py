@@ -394,8 +394,9 @@ def cpu_cold_start():
             for stage, label in (("cold start", "first prompt (medians of three servers)"), ("warm", "warm prompt"),
                                  ("after pressure", "after memory pressure"))]
     native = [s["viking_native_seconds_in_cold_prompt"] for s in d["servers"].values() if "viking_native_seconds_in_cold_prompt" in s]
+    low, high = f"{min(native) * 1000:.0f}", f"{max(native) * 1000:.0f}"
     return rows + [f"{ratio['cold start']:.2f}x on a 2-core machine without a GPU ({pin['cold start']:.1f} s against "
-                   f"{alone['cold start']:.1f} s", f"({min(native):.1f}-{max(native):.1f} s of native reconcile in the first prompt here)"]
+                   f"{alone['cold start']:.1f} s", f"({low if low == high else f'{low}-{high}'} ms of native reconcile in the first prompt here)"]
 
 
 FIGURES = {"gpu_perf.json": perf, "gpu_vram_cap.json": vram_cap, "gpu_home_timing.json": home, "gpu_tests.json": gpu_tests,

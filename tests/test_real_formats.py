@@ -121,6 +121,8 @@ def test_downloaded_formats_pin_and_match_comfyui_alone(comfy_version, tmp_path)
             model = next(o for o in status["owners"] if o["label"].startswith("MODEL"))
             kinds[name] = model["weights"]["bytes_by_kind"]
             file_pages[name] = model["file_page_bytes"]
+            if model["file_page_bytes"]:
+                assert "locked as the checkpoint file's own pages (nothing copied)" in status["text"], status["text"]
             assert model["pinned_bytes"] >= 0.95 * model["wanted_bytes"] > 0, (name, model)
             assert locked_bytes(server.pid) - before >= 0.9 * status["pinned_bytes"], (name, status["pinned_bytes"])
             left = model["weights"]["left_to_comfyui"]
