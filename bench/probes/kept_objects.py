@@ -1,7 +1,8 @@
 """What Viking's work counts towards the process's garbage collections, on the CPU (ComfyUI 0.33
 in this process, the fp8-scaled Flux-shaped model of bench/probes/static_event_cost.py loaded by
 ComfyUI's own loader, static mode): for the node's first attach and for a ComfyUI event that
-moves nothing and for one after a weight was pointed at other memory (`lifecycle._on_event`,
+moves nothing (once the model's pins are settled) and for one after a weight was pointed at
+other memory (`lifecycle._on_event`,
 as ComfyUI calls it; the second walks and plans the weights), what the work adds to the
 collector's young-generation count, read with collection off: the objects it keeps, and those
 it freed into one of Python's free lists (tuples, lists, dicts), which the count does not take
@@ -30,7 +31,7 @@ EVENTS = 8
 
 
 def measure(comfy_dir: str, code_root: str, model_path: str):
-    sd, lifecycle, _native = start_with_code(comfy_dir, code_root)
+    sd, lifecycle, native = start_with_code(comfy_dir, code_root)
     import torch
 
     def kept(work) -> int:
@@ -48,6 +49,9 @@ def measure(comfy_dir: str, code_root: str, model_path: str):
     patcher = sd.load_diffusion_model(model_path)
     first_kept = kept(lambda: lifecycle.attach(patcher, settings))
     for _ in range(3):
+        lifecycle._on_event(patcher)
+    if hasattr(native, "settle"):  # file pages are locked off this thread: measured once that is done
+        native.settle(120.0)
         lifecycle._on_event(patcher)
     still = [kept(lambda: lifecycle._on_event(patcher)) for _ in range(EVENTS)]
     # An event after a weight was pointed at other memory: the weights are walked and planned.

@@ -2,7 +2,8 @@
 --disable-dynamic-vram), on the CPU: `lifecycle.reconcile` of a pinned Flux-shaped model whose
 linear weights are in the legacy fp8-scaled layout (ComfyUI 0.33 loads them as comfy-kitchen
 QuantizedTensor weights), loaded by ComfyUI's own loader, after the first reconcile pinned it:
-the events of a prompt that move nothing. Medians of 200 events after 5 untimed, and the native
+the events of a prompt that move nothing. Medians of 200 events after 5 untimed and after the
+model's pins are settled (file pages are locked off the caller's thread), and the native
 reconciles those events made. Side by side in one run: this tree and, with --baseline DIR, the
 comfy_node/ of another checkout (each in its own process, alternating, two rounds each).
 This tree also: events that saw weights move, for a model Viking holds nothing of, with and
@@ -84,6 +85,11 @@ def measure(comfy_dir: str, code_root: str, model_path: str):
     native.reconcile = counted  # the probe's own count; lifecycle calls the module's attribute
     first = lifecycle.attach(patcher, lifecycle.PinSettings(label="static event cost", backend="os-lock", headroom_gib=0.0))
     for _ in range(5):
+        lifecycle.reconcile(patcher)
+    # The file pages of a checkpoint torch maps copy-on-write are locked off this thread: until
+    # that lock is done every event asks the native side after it. Measured: the events after.
+    if hasattr(native, "settle"):
+        native.settle(120.0)
         lifecycle.reconcile(patcher)
     calls["reconcile"] = 0
     times = []
