@@ -1,7 +1,8 @@
 """Puts where a result came from at the top of its file: the commit it measured, whether the
 tree was dirty, the device and the command. The GPU machine has no git, so this runs here, on
 the files brought back (and on CPU results whose bench does not record it). Every result file
-in bench/results/ carries these fields (tests/test_readme_figures.py checks it).
+in bench/results/ carries these fields (tests/test_figures.py checks it); scripts/figures.py
+renders the docs' figures from them.
 
 usage: python bench/stamp.py IN.json OUT.json COMMIT "COMMAND" [--dirty] [--note TEXT] [--device TEXT]
 """
