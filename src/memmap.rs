@@ -43,8 +43,10 @@ impl MemoryKind {
     }
 }
 
+/// One line of a maps text. Its strings borrow from the text: a reconcile parses thousands of
+/// lines (torch's libraries) and must not allocate for each.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mapping {
+pub struct Mapping<'a> {
     pub start: u64,
     pub end: u64,
     pub readable: bool,
@@ -53,14 +55,14 @@ pub struct Mapping {
     /// Where the mapping starts in its file, and the file's device ("major:minor", hex) and
     /// inode (0 for anonymous memory).
     pub offset: u64,
-    pub device: String,
+    pub device: &'a str,
     pub inode: u64,
-    pub path: Option<String>,
+    pub path: Option<&'a str>,
 }
 
-impl Mapping {
+impl Mapping<'_> {
     pub fn kind(&self) -> MemoryKind {
-        let path = self.path.as_deref().unwrap_or("");
+        let path = self.path.unwrap_or("");
         let special = path.starts_with("/dev/") && !path.starts_with("/dev/shm")
             || matches!(path, "[vvar]" | "[vdso]" | "[vsyscall]" | "[vvar_vclock]");
         if special {
@@ -78,14 +80,14 @@ impl Mapping {
 }
 
 /// Parses one line: `start-end perms offset dev inode [path]`. `None` for a malformed line.
-pub fn parse_line(line: &str) -> Option<Mapping> {
+pub fn parse_line(line: &str) -> Option<Mapping<'_>> {
     let mut fields = line.splitn(6, ' ');
     let (start, end) = fields.next()?.split_once('-')?;
     let perms = fields.next()?.as_bytes();
     let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-    let device = fields.next()?.to_owned();
+    let device = fields.next()?;
     let inode = fields.next()?.parse().ok()?;
-    let path = fields.next().map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned);
+    let path = fields.next().map(str::trim).filter(|p| !p.is_empty());
     if perms.len() < 4 {
         return None;
     }
@@ -97,15 +99,15 @@ pub fn parse_line(line: &str) -> Option<Mapping> {
 }
 
 /// All mappings of a maps text, sorted by start. Malformed lines are skipped.
-pub fn parse(text: &str) -> Vec<Mapping> {
-    let mut mappings: Vec<Mapping> = text.lines().filter_map(parse_line).collect();
+pub fn parse(text: &str) -> Vec<Mapping<'_>> {
+    let mut mappings: Vec<Mapping<'_>> = text.lines().filter_map(parse_line).collect();
     mappings.sort_by_key(|m| m.start);
     mappings
 }
 
 /// The kind of `[addr, addr+len)`: the worst kind among the mappings it touches, `Unmapped` if
 /// any byte lies in no mapping. `mappings` must be sorted by start (as `parse` returns them).
-pub fn classify(mappings: &[Mapping], addr: u64, len: u64) -> MemoryKind {
+pub fn classify(mappings: &[Mapping<'_>], addr: u64, len: u64) -> MemoryKind {
     let Some(end) = addr.checked_add(len) else { return MemoryKind::Unmapped };
     if len == 0 {
         return MemoryKind::Unmapped;
@@ -143,16 +145,16 @@ pub struct FileSlice {
 /// mapping (`MemoryKind::PrivateFile`) whose file still has a path: what a shared read-only
 /// view of the same pages needs. `None` for anything else (a range across mappings, a file
 /// deleted since it was mapped). `mappings` sorted by start.
-pub fn private_file_slice(mappings: &[Mapping], addr: u64, len: u64) -> Option<FileSlice> {
+pub fn private_file_slice(mappings: &[Mapping<'_>], addr: u64, len: u64) -> Option<FileSlice> {
     let end = addr.checked_add(len)?;
     let mapping = mappings.get(mappings.partition_point(|m| m.end <= addr))?;
-    let path = mapping.path.as_deref()?;
+    let path = mapping.path?;
     let whole = mapping.start <= addr && end <= mapping.end && len > 0;
     if !whole || mapping.kind() != MemoryKind::PrivateFile || !path.starts_with('/') || path.ends_with(" (deleted)") {
         return None;
     }
     let offset = mapping.offset.checked_add(addr - mapping.start)?;
-    Some(FileSlice { path: path.to_owned(), device: mapping.device.clone(), inode: mapping.inode, offset })
+    Some(FileSlice { path: path.to_owned(), device: mapping.device.to_owned(), inode: mapping.inode, offset })
 }
 
 /// Whether a private file mapping's pages, from their pagemap entries, all still show the file
@@ -311,14 +313,15 @@ mod tests {
         let kinds: Vec<_> = maps.iter().map(Mapping::kind).collect();
         use MemoryKind::*;
         assert_eq!(kinds, [Anonymous, Anonymous, ReadOnly, PrivateFile, SharedWritable, ReadOnly, Special, Special, Special]);
-        assert_eq!(maps[2].path.as_deref(), Some("/models/flux.safetensors"));
+        assert_eq!(maps[2].path, Some("/models/flux.safetensors"));
         assert_eq!(maps[1].path, None);
-        assert_eq!((maps[3].offset, maps[3].device.as_str(), maps[3].inode), (0, "fd:01", 1234));
+        assert_eq!((maps[3].offset, maps[3].device, maps[3].inode), (0, "fd:01", 1234));
     }
 
     #[test]
     fn a_private_file_range_names_its_file_slice() {
-        let maps = parse(&MAPS.replace("7f0000200000-7f0000300000 rw-p 00000000", "7f0000200000-7f0000300000 rw-p 00003000"));
+        let text = MAPS.replace("7f0000200000-7f0000300000 rw-p 00000000", "7f0000200000-7f0000300000 rw-p 00003000");
+        let maps = parse(&text);
         let slice = private_file_slice(&maps, 0x7f0000210010, 0x100).unwrap();
         assert_eq!(slice, FileSlice { path: "/models/flux.safetensors".into(), device: "fd:01".into(), inode: 1234, offset: 0x13010 });
         assert_eq!(private_file_slice(&maps, 0x7f00002ff000, 0x2000), None, "runs past the mapping");
@@ -455,6 +458,19 @@ mod tests {
                 (swapped * page).min(l)
             }).sum();
             prop_assert_eq!(counted, outside_swapped);
+        }
+
+        #[test]
+        fn parser_gives_back_the_fields_of_a_well_formed_line(
+            start in 0u64..1 << 47, len in 1u64..1 << 30, perms in "[r-][w-][x-][ps]", offset in any::<u32>(),
+            device in "[0-9a-f]{2}:[0-9a-f]{2}", inode in any::<u32>(), path in proptest::option::of("/[a-z0-9_./ -]{0,40}[a-z]"),
+        ) {
+            let line = format!("{start:x}-{:x} {perms} {offset:08x} {device} {inode:<26} {}", start + len, path.as_deref().unwrap_or(""));
+            let mapping = parse_line(&line).unwrap();
+            let flags = perms.as_bytes();
+            prop_assert_eq!((mapping.start, mapping.end, mapping.offset, mapping.inode), (start, start + len, offset as u64, inode as u64));
+            prop_assert_eq!((mapping.readable, mapping.writable, mapping.shared), (flags[0] == b'r', flags[1] == b'w', flags[3] == b's'));
+            prop_assert_eq!((mapping.device, mapping.path), (device.as_str(), path.as_deref()));
         }
 
         #[test]

@@ -59,7 +59,8 @@ impl Engine {
     pub fn reconcile(&self, request: Request) -> Result<Report> {
         validate_ranges(request.ranges.iter().map(|(a, l, _)| (*a, *l)))?;
         validate_ranges(request.foreign.iter().copied())?;
-        let mappings: Option<Vec<Mapping>> = sys::os::read_self_maps().map(|text| memmap::parse(&text));
+        let maps_text = sys::os::read_self_maps();
+        let mappings: Option<Vec<Mapping>> = maps_text.as_deref().map(memmap::parse);
 
         let mut state = self.lock();
         let failed_late = state.take_failed_deferred(request.owner);
