@@ -53,6 +53,43 @@ PY033="$VENV033/bin/python"
 
 log() { printf '[setup] %s\n' "$*"; }
 
+# apt-get and another apt-get or dpkg (an unattended upgrade, a second set-up): wait for its lock
+# this many seconds, then fail (the optional packages below are then skipped with the reason).
+APT_LOCK_TIMEOUT="${VIKING_APT_LOCK_TIMEOUT:-600}"
+APT_ERROR=""   # the last apt_get failure's first error line
+
+# apt_get ARGS...: apt-get -qq ARGS that waits for the locks. `DPkg::Lock::Timeout` makes apt wait
+# for dpkg's lock; `apt-get update` takes /var/lib/apt/lists/lock without waiting (apt 2.6), so a
+# "Could not get lock" failure is retried here until the same deadline. Output goes to stderr.
+apt_get() {
+    local deadline=$((SECONDS + APT_LOCK_TIMEOUT)) err said=""
+    while true; do
+        if err="$(apt-get -qq -o DPkg::Lock::Timeout="$APT_LOCK_TIMEOUT" "$@" 2>&1 >/dev/null)"; then return 0; fi
+        APT_ERROR="$(grep -m1 '^E:' <<<"$err" || tail -n1 <<<"$err")"
+        if ! grep -q 'Could not get lock' <<<"$err" || (( SECONDS >= deadline )); then
+            printf '%s\n' "$err" >&2
+            return 1
+        fi
+        [[ -n "$said" ]] || log "apt-get $1: ${APT_ERROR#E: }; waiting up to $APT_LOCK_TIMEOUT s for it"
+        said=1
+        sleep 1
+    done
+}
+
+# install_optional WHAT PKG...: Debian packages some tests need and skip without (browser, Windows
+# tools). Never fails the set-up: without root apt-get, or when apt-get fails (a lock held past
+# APT_LOCK_TIMEOUT, no network), it says what it skipped and why.
+install_optional() {
+    local what="$1"; shift
+    if [[ $EUID -ne 0 ]] || ! command -v apt-get >/dev/null; then
+        log "skipped $what: no root apt-get here (apt-get install $*); the tests that need them skip"
+        return 0
+    fi
+    log "apt-get install $* ($what)"
+    if apt_get update && apt_get install -y "$@"; then return 0; fi
+    log "skipped $what: apt-get failed: ${APT_ERROR#E: }; the tests that need them skip (apt-get install $* and rerun)"
+}
+
 # pip's wheel cache would hold a second copy of torch and the CUDA libraries (several GB) that a
 # fresh machine never reads again; CI once ran out of disk in the 0.33 step with it.
 # VIKING_PIP_CACHE=1 keeps pip's cache (faster when the environments are made again and again).
@@ -88,7 +125,7 @@ make_venv() {
         rm -rf "$VENV"
         if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
             log "python3 -m venv failed; installing python3-venv with apt-get"
-            apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+            apt_get update && apt_get install -y python3-venv
             python3 -m venv "$VENV"
         else
             log "python3 -m venv failed; install python3-venv (Debian) and rerun"; return 1
@@ -151,23 +188,13 @@ prepare_comfy() {
 # --- 3b. a browser for the web-panel test (Debian's Chromium) -------------------------------------
 install_browser() {
     if command -v chromium >/dev/null; then log "chromium present"; return; fi
-    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
-        log "apt-get install chromium (for the web-panel test)"
-        apt-get update -qq && apt-get install -y -qq chromium >/dev/null
-    else
-        log "no chromium and no root apt-get: the browser test will skip (apt-get install chromium)"
-    fi
+    install_optional "the browser for the web-panel tests" chromium
 }
 
 # --- 3c. Windows cross-build tools (MinGW linker, Wine to run the Windows tests) ---------------
 install_windows_tools() {
     if command -v x86_64-w64-mingw32-gcc >/dev/null && command -v wine >/dev/null; then log "mingw and wine present"; return; fi
-    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
-        log "apt-get install gcc-mingw-w64-x86-64 wine64 (Windows build and tests)"
-        apt-get update -qq && apt-get install -y -qq gcc-mingw-w64-x86-64 wine64 >/dev/null
-    else
-        log "no mingw/wine and no root apt-get: the Windows build will be skipped"
-    fi
+    install_optional "the Windows cross-build and its tests under Wine" gcc-mingw-w64-x86-64 wine64
 }
 
 # --- 3d. ComfyUI 0.33 beside 0.3.75: tree + its own Python 3.12 venv ---------------------------
