@@ -21,6 +21,27 @@ class FileView:
     def len(self) -> int: ...
     def resident_bytes(self) -> Optional[int]: ...
 
+class MappedView:
+    """A range of a CUDA registration of Viking's at its device address (DEVICEMAP): the GPU
+    reads the pinned host bytes in place. `torch.as_tensor(view, device="cuda")` gives a uint8
+    CUDA tensor over them with no copy (torch's tensor holds the view). Lifetime: while a view
+    lives, its registration never ends; release(), release_all(), pressure relief and a lower
+    budget skip it, and it stays counted (status: mapped_view_bytes). Once the last view is
+    gone, the next reconcile of its owner, release or pressure round releases what is due."""
+    @property
+    def device_addr(self) -> int: ...
+    @property
+    def host_addr(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def __cuda_array_interface__(self) -> dict: ...
+
+def mapped_view(addr: int, length: int) -> MappedView:
+    """A MappedView of [addr, addr+length), inside one CUDA registration of Viking's; ValueError
+    when no pin of Viking's holds it whole (or it is still being made), BackendUnavailableError
+    when the OS lock holds it (no device address)."""
+
 def configure(budget_gib: float = 0.0, share: float = 0.0, headroom_gib: float = -1.0, device: int = 0,
               cuda_devicemap: Optional[bool] = None) -> None:
     """The shared budget (for all models): budget_gib (0 = auto) or a share of RAM; headroom_gib

@@ -83,6 +83,9 @@ class OwnerStatus(TypedDict):
     pinned_bytes: int
     pending_bytes: int
     file_page_bytes: int  # of pinned_bytes: a copy-on-write file mapping held as its file's pages (OS lock)
+    # of pinned_bytes: registrations mapped views hold (the GPU reads them in place); they
+    # cannot end, and stay counted, until the last view is gone (viking_native.MappedView)
+    mapped_view_bytes: int
     regions: int
     by_backend: dict  # backend name -> bytes
     skipped: List[SkipSummary]

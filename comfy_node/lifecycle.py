@@ -646,5 +646,5 @@ def _unpinned_entry(record: ModelRecord) -> dict:
     """The native status's fields for a model that holds no pins."""
     settings = record.settings
     return {"owner": record.owner, "label": settings.label, "priority": settings.priority, "wanted_bytes": 0,
-            "pinned_bytes": 0, "file_page_bytes": 0, "regions": 0, "by_backend": {}, "skipped": [], "resident_bytes": None,
+            "pinned_bytes": 0, "file_page_bytes": 0, "mapped_view_bytes": 0, "regions": 0, "by_backend": {}, "skipped": [], "resident_bytes": None,
             "swapped_bytes": None, "pinned_swapped_bytes": None}

@@ -7,6 +7,7 @@ use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use crate::backend::mapped::ViewHold;
 use crate::backend::{BackendKind, Registration};
 use crate::error::{Result, VikingError};
 
@@ -19,6 +20,9 @@ pub struct Entry {
     pub keepalive: Vec<Keepalive>,
     pub owner: u64,
     pub priority: i32,
+    /// Mapped views of this registration (backend/mapped.rs): while one lives, no `take_*`
+    /// takes the entry; it stays pinned and counted.
+    pub views: ViewHold,
 }
 
 impl Drop for Entry {
@@ -42,6 +46,10 @@ impl Entry {
     }
     pub fn end(&self) -> u64 {
         self.addr() + self.len()
+    }
+    /// Whether a mapped view holds this entry (the GPU may read it in place).
+    pub fn viewed(&self) -> bool {
+        self.views.viewed()
     }
 }
 
@@ -98,7 +106,7 @@ impl Ledger {
 
     /// Removes the entries `select` picks and returns them; the caller drops them (unpins).
     pub fn take_where(&mut self, mut select: impl FnMut(&Entry) -> bool) -> Vec<Entry> {
-        let keys: Vec<u64> = self.entries.iter().filter(|(_, e)| select(e)).map(|(&k, _)| k).collect();
+        let keys: Vec<u64> = self.entries.iter().filter(|(_, e)| !e.viewed() && select(e)).map(|(&k, _)| k).collect();
         keys.into_iter().filter_map(|k| self.entries.remove(&k)).collect()
     }
 
@@ -106,8 +114,20 @@ impl Ledger {
         self.take_where(|e| e.owner == owner)
     }
 
+    /// Every entry but those a mapped view holds.
     pub fn take_all(&mut self) -> Vec<Entry> {
-        std::mem::take(&mut self.entries).into_values().collect()
+        self.take_where(|_| true)
+    }
+
+    /// The entry whose range holds all of `[addr, addr+len)`.
+    pub fn containing(&self, addr: u64, len: u64) -> Option<&Entry> {
+        let end = addr.checked_add(len)?;
+        self.entries.range(..=addr).next_back().map(|(_, e)| e).filter(|e| e.end() >= end)
+    }
+
+    /// Bytes of the entries mapped views hold.
+    pub fn viewed_bytes(&self) -> u64 {
+        self.entries.values().filter(|e| e.viewed()).map(Entry::len).sum()
     }
 
     /// Takes entries, lowest priority first (then the most recent address), until at least
@@ -117,7 +137,7 @@ impl Ledger {
     /// the next plan fills up to it again.
     pub fn take_owner_beyond(&mut self, owner: u64, keep_bytes: u64) -> Vec<Entry> {
         let mut held = self.owner_bytes(owner);
-        let mut addrs: Vec<u64> = self.entries.values().filter(|e| e.owner == owner).map(Entry::addr).collect();
+        let mut addrs: Vec<u64> = self.entries.values().filter(|e| e.owner == owner && !e.viewed()).map(Entry::addr).collect();
         addrs.sort_unstable_by(|a, b| b.cmp(a));
         let mut taken = Vec::new();
         for addr in addrs {
@@ -136,7 +156,7 @@ impl Ledger {
         let mut candidates: Vec<(i32, u64, u64)> = self
             .entries
             .values()
-            .filter(|e| e.priority < keep_from_priority)
+            .filter(|e| e.priority < keep_from_priority && !e.viewed())
             .map(|e| (e.priority, u64::MAX - e.addr(), e.len()))
             .collect();
         candidates.sort();

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use crate::backend::cuda;
 use crate::backend::faults::Faults;
 use crate::backend::file_view;
+use crate::backend::mapped;
 use crate::backend::BackendChoice;
 use crate::budget::{self, Policy};
 use crate::engine::{Engine, Request};
@@ -219,6 +220,55 @@ impl FileView {
 
 /// Maps `[offset, offset+length)` of the open file `fd` (a file descriptor on Unix, a file
 /// HANDLE on Windows) read-only, sharing the file's cached pages (offset a multiple of the page
+/// A range of a CUDA registration of Viking's as the GPU sees it (its device address: the
+/// registrations carry DEVICEMAP), for torch through `__cuda_array_interface__` as bytes:
+/// `torch.as_tensor(view, device="cuda")` is a uint8 CUDA tensor over the pinned host memory,
+/// with no copy. The view holds its registration: it cannot end (release, pressure relief, a
+/// lower budget) while this object lives, and torch's tensor holds this object.
+#[pyclass(module = "viking_native", frozen, name = "MappedView")]
+struct MappedView {
+    view: mapped::MappedView,
+}
+
+#[pymethods]
+impl MappedView {
+    #[getter]
+    fn device_addr(&self) -> u64 {
+        self.view.device_addr
+    }
+    #[getter]
+    fn host_addr(&self) -> u64 {
+        self.view.host_addr
+    }
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.view.len
+    }
+    /// Version 3 of the CUDA array interface: one dimension of bytes. Not read-only (torch
+    /// refuses that flag); nothing Viking hands it to writes weights in place. No stream: the
+    /// bytes were written by the CPU before the view existed.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let interface = pyo3::types::PyDict::new(py);
+        interface.set_item("shape", (self.view.len,))?;
+        interface.set_item("typestr", "|u1")?;
+        interface.set_item("data", (self.view.device_addr, false))?;
+        interface.set_item("strides", py.None())?;
+        interface.set_item("stream", py.None())?;
+        interface.set_item("version", 3)?;
+        Ok(interface)
+    }
+}
+
+/// A mapped view of `[addr, addr+length)`, which must lie inside one CUDA registration of
+/// Viking's (a pinned model's storage). ValueError when no such pin holds it;
+/// BackendUnavailableError when the OS lock holds it (no device address there).
+#[pyfunction]
+fn mapped_view(py: Python<'_>, addr: &Bound<'_, PyAny>, length: &Bound<'_, PyAny>) -> PyResult<MappedView> {
+    let (addr, length) = (address_like(addr, "addr")?, address_like(length, "length")?);
+    guarded(py, || engine().mapped_view(addr, length)).map(|view| MappedView { view })
+}
+
 /// size). ValueError when the file is shorter (replaced or truncated).
 #[pyfunction]
 fn map_file(py: Python<'_>, fd: i64, offset: u64, length: u64) -> PyResult<FileView> {
@@ -303,6 +353,8 @@ fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_set_faults, m)?)?;
     start_pressure_monitor();
     // Release every pin at interpreter exit, while the memory is still alive.
+    m.add_function(wrap_pyfunction!(mapped_view, m)?)?;
+    m.add_class::<MappedView>()?;
     m.py().import("atexit")?.call_method1("register", (m.getattr("release_all")?,))?;
     Ok(())
 }

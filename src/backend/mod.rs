@@ -5,6 +5,7 @@ pub mod cuda;
 pub mod deferred;
 pub mod faults;
 pub mod file_view;
+pub mod mapped;
 pub mod oslock;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -70,6 +70,11 @@ impl Engine {
         let (policy, counters, events) = (state.policy, state.counters, state.events.clone());
         let (swaps_at_start, swaps_at_last_run) = (state.swaps_at_start, state.swaps_at_last_run);
         let swaps_now = sys::os::swap_counters();
+        for entry in state.ledger.entries().filter(|e| e.viewed()) {
+            if let Some(owner) = owners.get_mut(&entry.owner) {
+                owner.mapped_view_bytes += entry.len();
+            }
+        }
         if mark_run {
             state.swaps_at_last_run = swaps_now;
         }

@@ -21,14 +21,23 @@ fn request(owner: u64, priority: i32, ranges: Vec<(u64, u64, Keepalive)>) -> Req
     Request { owner, label: format!("model {owner}"), priority, backend: BackendChoice::OsLock, model_limit_bytes: None, ranges, foreign: vec![], others_pinned_bytes: 0 }
 }
 
-/// Whether this process may lock `mib` MiB more; if not, says so (the test then skips): run as a
-/// user or in a container with a small `ulimit -l` (scripts/test.sh runs the engine tests so),
-/// the tests that lock more than the limit have nothing to show there.
+/// Says that `test` did not run, and why, as a line `SKIP <test>: <reason>` written straight to
+/// stderr: the test harness captures `println!` of a passing test, so a plain `cargo test` would
+/// hide it, and a test that returns early reads as passed. scripts/test.sh counts these lines.
+fn skip(test: &str, reason: &str) {
+    use std::io::Write;
+    // One write, so lines of tests running in parallel do not interleave.
+    let _ = std::io::stderr().write_all(format!("SKIP {test}: {reason}\n").as_bytes());
+}
+
+/// Whether this process may lock `mib` MiB more; if not, the test skips (`skip`): run as a user
+/// or in a container with a small `ulimit -l` (scripts/test.sh runs the engine tests so), the
+/// tests that lock more than the limit have nothing to show there.
 fn may_lock_mib(test: &str, mib: u64) -> bool {
     let room = crate::sys::os::lock_limit().map(|limit| limit.saturating_sub(crate::sys::os::self_status_bytes("VmLck").unwrap_or(0)));
     match room {
         Some(room) if room < mib << 20 => {
-            println!("skipped {test}: it locks {mib} MiB, this process may lock {} KiB more (ulimit -l, no CAP_IPC_LOCK)", room >> 10);
+            skip(test, &format!("it locks {mib} MiB, this process may lock {} KiB more (ulimit -l, no CAP_IPC_LOCK)", room >> 10));
             false
         }
         _ => true,
@@ -163,6 +172,8 @@ fn injected_faults_leave_a_consistent_ledger() {
     assert!(lost.failures[0].contains("CUDA_ERROR_DEVICE_UNAVAILABLE"));
     engine.set_faults(Faults::default());
     // Clean up the range the injected unpin failure left locked (a test-only leak).
+    // SAFETY: `first` is the start of a 4 MiB buffer that `handle` keeps alive, and the failed
+    // unpin left exactly that range locked, so this unlock is its one release.
     unsafe { crate::sys::os::unlock(first, 4 * MIB as u64).unwrap() };
 }
 
@@ -271,14 +282,17 @@ fn read_only_file_pages_are_locked_off_the_callers_thread() {
 
 /// A process that may lock only a little (a normal user, a container without CAP_IPC_LOCK):
 /// the OS lock pins up to that limit and names it for the rest; nothing fails, nothing is
-/// counted that is not locked. Runs where a limit applies (scripts/test.sh runs the engine
-/// tests once more without CAP_IPC_LOCK and with an 8 MiB limit).
+/// counted that is not locked. Where nothing limits this process, the test runs itself again in
+/// a child process that is given a limit (`in_a_child_with_a_lock_limit`).
 #[test]
 #[cfg(target_os = "linux")]
 fn a_lock_limit_is_a_named_bound_and_nothing_is_phantom() {
+    const NAME: &str = "a_lock_limit_is_a_named_bound_and_nothing_is_phantom";
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(limit) = crate::sys::os::lock_limit() else {
-        println!("skipped a_lock_limit_is_a_named_bound_and_nothing_is_phantom: nothing limits locked memory here (CAP_IPC_LOCK or an unlimited ulimit -l)");
+        if let Err(reason) = in_a_child_with_a_lock_limit(NAME, 8 * MIB as u64) {
+            skip(NAME, &format!("nothing limits locked memory here (CAP_IPC_LOCK or an unlimited ulimit -l), and {reason}"));
+        }
         return;
     };
     let engine = Engine::new();
@@ -301,6 +315,44 @@ fn a_lock_limit_is_a_named_bound_and_nothing_is_phantom() {
     assert_eq!(engine.release_owner(1), report.pinned_bytes);
 }
 
+/// Runs the test `name` of this test binary in a child process that may lock at most
+/// `limit_bytes`: RLIMIT_MEMLOCK lowered, and CAP_IPC_LOCK (which lifts the limit) dropped from
+/// the bounding set, so that root does not get it back on exec. Panics if the child's test fails
+/// or does not run; `Err(reason)` where no child can be given a limit here (not root).
+#[cfg(target_os = "linux")]
+fn in_a_child_with_a_lock_limit(name: &str, limit_bytes: u64) -> std::result::Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    const CAP_IPC_LOCK: libc::c_ulong = 14;
+    // SAFETY: geteuid only reads this process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("only root can take CAP_IPC_LOCK away from a child it starts".into());
+    }
+    let inheritable = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if inheritable.lines().find_map(|l| l.strip_prefix("CapInh:")).and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok()).is_none_or(|caps| caps >> CAP_IPC_LOCK & 1 == 1) {
+        return Err("CAP_IPC_LOCK is in this process's inheritable set, which a child keeps".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("no path to this test binary: {e}"))?;
+    let mut command = std::process::Command::new(exe);
+    command.args(["--exact", &format!("engine::tests::{name}"), "--nocapture", "--test-threads=1"]);
+    // SAFETY: runs in the forked child before exec, where only async-signal-safe calls are
+    // allowed: prctl and setrlimit are system calls that allocate nothing and take no locks;
+    // `limit` is a local on the child's own stack.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit { rlim_cur: limit_bytes, rlim_max: limit_bytes };
+            if libc::prctl(libc::PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0) != 0 || libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let output = command.output().map_err(|e| format!("the child could not start: {e}"))?;
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the test under a {limit_bytes}-byte lock limit failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed") && !stderr.contains("SKIP "), "the test did not run in the child:\n{stdout}\n{stderr}");
+    Ok(())
+}
+
 /// A private writable file mapping (how torch maps a safetensors file it loads copy-on-write),
 /// for the test below; unmapped on drop.
 #[cfg(target_os = "linux")]
@@ -313,7 +365,8 @@ struct PrivateFileMapping {
 impl PrivateFileMapping {
     fn new(file: &std::fs::File, len: usize) -> PrivateFileMapping {
         use std::os::unix::io::AsRawFd;
-        // SAFETY: maps `len` bytes of an open file; unmapped once, on drop.
+        // SAFETY: a new mapping at an address the kernel picks, so nothing of ours is replaced;
+        // `file` is open for the call. The mapping is unmapped once, on drop.
         let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
         assert_ne!(addr, libc::MAP_FAILED);
         PrivateFileMapping { addr: addr as u64, len: len as u64 }
@@ -323,7 +376,8 @@ impl PrivateFileMapping {
 #[cfg(target_os = "linux")]
 impl Drop for PrivateFileMapping {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, unused after this.
+        // SAFETY: exactly the mapping made in `new`, which this value owns alone; nothing reads
+        // it after drop (the test holds it through its keepalive until the end).
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len as usize) };
     }
 }
@@ -366,11 +420,14 @@ fn a_private_file_mapping_is_locked_as_its_file_pages_without_a_copy() {
     assert_eq!(owner.file_page_bytes, len, "held through a view");
     assert!(locked_kib() >= locked_before + 16 * 1024, "locked");
     assert!(anon_kib() < anon_before + 4 * 1024, "copied: RssAnon {} -> {} KiB", anon_before, anon_kib());
-    // SAFETY: reads the mapping, which `keep` holds.
+    // SAFETY: each address is inside the readable 32 MiB mapping (`addr + len` stays below its
+    // end), which `keep` holds mapped.
     let seen: Vec<u8> = (0..len as usize / 4096).map(|page| unsafe { *((addr + page as u64 * 4096) as *const u8) }).collect();
     assert!(seen.iter().enumerate().all(|(page, &byte)| byte == contents[(addr - keep_addr(&keep)) as usize + page * 4096]));
     assert!(!copied_pages(addr, len), "reading shows the file's pages");
     // Asked to drop the file's cached pages, the kernel keeps the locked ones.
+    // SAFETY: posix_fadvise only advises the kernel about an open descriptor; it touches no
+    // memory of ours.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     assert_eq!(crate::sys::os::resident_in_ram(addr, len), Some(len), "the locked pages stayed in RAM");
     assert_eq!(engine.release_owner(1), len);
@@ -378,7 +435,8 @@ fn a_private_file_mapping_is_locked_as_its_file_pages_without_a_copy() {
 
     // A page written to is this process's copy, which a view of the file would not hold: the
     // range is locked itself.
-    // SAFETY: writes one byte inside the mapping.
+    // SAFETY: one byte inside the mapping, which is private and writable and held by `keep`;
+    // nothing else reads or writes it now.
     unsafe { *((addr + 4096) as *mut u8) = 0xAB };
     let report = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
     assert_eq!(report.pinned_bytes, len, "{report:?}");
@@ -393,4 +451,92 @@ fn a_private_file_mapping_is_locked_as_its_file_pages_without_a_copy() {
 #[cfg(target_os = "linux")]
 fn keep_addr(keep: &Keepalive) -> u64 {
     keep.downcast_ref::<PrivateFileMapping>().unwrap().addr
+}
+
+/// Mapped views (backend/mapped.rs): the rules are the backend's business only for the device
+/// address, so they are checked here on real OS-lock pins, with the host address standing in.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_pin_a_mapped_view_holds_is_never_released_and_stays_counted() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !may_lock_mib("a_pin_a_mapped_view_holds_is_never_released_and_stays_counted", 16) {
+        return;
+    }
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    let (a, keep_a) = buffer(8 * MIB);
+    let (b, keep_b) = buffer(8 * MIB);
+    let before = locked_kib();
+    let both = vec![(a, 8 * MIB as u64, keep_a.clone()), (b, 8 * MIB as u64, keep_b.clone())];
+    assert_eq!(engine.reconcile(request(1, 0, both.clone())).unwrap().pinned_bytes, 16 * MIB as u64);
+
+    // What cannot be viewed: memory Viking does not pin, a range over a pin's end, no bytes,
+    // and (for the device) a pin of the OS lock, which has no device address.
+    let (loose, _keep_loose) = buffer(MIB);
+    assert!(matches!(engine.host_view(loose, 4096), Err(VikingError::InvalidInput(_))));
+    assert!(matches!(engine.host_view(a + 4096, 8 * MIB as u64), Err(VikingError::InvalidInput(_))));
+    assert!(matches!(engine.host_view(a, 0), Err(VikingError::InvalidInput(_))));
+    match engine.mapped_view(a, 4096) {
+        Err(VikingError::BackendUnavailable { backend: "cuda", reason }) => assert!(reason.contains("os-lock"), "{reason}"),
+        other => panic!("a view of an OS-lock pin: {:?}", other.map(|v| v.device_addr)),
+    }
+
+    let view = engine.host_view(a + 4096, 64 * 1024).unwrap();
+    assert_eq!((view.host_addr, view.len), (a + 4096, 64 * 1024));
+    let owner = |engine: &Engine| engine.status(false, false).owners.into_iter().find(|o| o.owner == 1).unwrap();
+    assert_eq!(owner(&engine).mapped_view_bytes, 8 * MIB as u64);
+
+    // The model no longer wants `a`: its pin stays while the view lives, then goes.
+    let only_b = vec![(b, 8 * MIB as u64, keep_b.clone())];
+    let shrink = engine.reconcile(request(1, 0, only_b.clone())).unwrap();
+    assert_eq!((shrink.released_bytes, shrink.pinned_bytes), (0, 16 * MIB as u64), "{shrink:?}");
+    // Pressure relief (a headroom larger than this machine's RAM) and a lower budget take the
+    // other pin, never the viewed one, which stays pinned and counted.
+    engine.configure(Policy::from_user(0.0, 0.0, 1024.0).unwrap(), 0, None).unwrap();
+    assert_eq!(engine.relieve_pressure(), 8 * MIB as u64);
+    assert_eq!(engine.status(false, false).pinned_bytes, 8 * MIB as u64);
+    assert!(locked_kib() >= before + 8 * 1024);
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    // Forgetting the model keeps the viewed pin too (counted under its owner number)...
+    assert_eq!(engine.release_owner(1), 0);
+    assert_eq!(engine.release_all(), 0);
+    let status = engine.status(false, false);
+    assert_eq!(status.pinned_bytes, 8 * MIB as u64);
+    assert_eq!(status.owners.iter().map(|o| o.mapped_view_bytes).sum::<u64>(), 8 * MIB as u64);
+    assert!(locked_kib() >= before + 8 * 1024);
+    // ...until its last view is gone: the next release (or pressure round) lets it go.
+    let second = engine.host_view(a, 4096).unwrap();
+    drop(view);
+    assert_eq!(engine.release_all(), 0, "a second view still holds it");
+    drop(second);
+    assert_eq!(engine.relieve_pressure(), 0); // swept, not given back under pressure
+    assert_eq!(engine.status(false, false).pinned_bytes, 0);
+    assert!(locked_kib() <= before + 8);
+}
+
+/// The device address of a CUDA registration (needs a GPU; skips with a reason without one).
+#[test]
+fn a_cuda_registration_has_a_device_address_that_a_view_holds() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(error) = CudaBackend::open(0) {
+        skip("a_cuda_registration_has_a_device_address_that_a_view_holds", &error.to_string());
+        return;
+    }
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    let (a, keep_a) = buffer(8 * MIB);
+    let report = engine.reconcile(Request { backend: BackendChoice::Cuda, ..request(1, 0, vec![(a, 8 * MIB as u64, keep_a)]) }).unwrap();
+    assert_eq!(report.pinned_bytes, 8 * MIB as u64, "{report:?}");
+    let view = engine.mapped_view(a + 4096, 4096).unwrap();
+    let cuda = engine.lock().cuda().unwrap();
+    assert_ne!(view.device_addr, 0);
+    if cuda.info().unified_addressing {
+        assert_eq!(view.device_addr, a + 4096, "under unified addressing the device sees the host address");
+    }
+    assert_eq!(cuda.device_pointer(a).unwrap() + 4096, view.device_addr);
+    assert_eq!(engine.release_owner(1), 0);
+    drop(view);
+    assert_eq!(engine.release_all(), 8 * MIB as u64);
+    // The registration is gone: the driver no longer knows the address.
+    assert!(cuda.device_pointer(a).is_err());
 }
