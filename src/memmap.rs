@@ -189,7 +189,8 @@ impl WindowsRegion {
 
     /// The kind of memory, as `Mapping::kind` says it for Linux: a view of a file (MEM_MAPPED,
     /// MEM_IMAGE) that is not writable is read-only file memory, which CUDA must never take
-    /// (ComfyUI-GGUF's read-only numpy memmap, a safetensors mapping).
+    /// (ComfyUI-GGUF's read-only numpy memmap, a safetensors mapping). A committed region of a
+    /// type Windows does not document is not pinned.
     pub fn memory_kind(self) -> MemoryKind {
         let writable = self.protect & Self::WRITABLE != 0;
         if self.state != Self::MEM_COMMIT {
@@ -198,12 +199,13 @@ impl WindowsRegion {
             MemoryKind::Special
         } else if !writable {
             MemoryKind::ReadOnly
-        } else if !matches!(self.kind, Self::MEM_MAPPED | Self::MEM_IMAGE) {
-            MemoryKind::Anonymous // MEM_PRIVATE: heap, VirtualAlloc
-        } else if self.protect & (Self::PAGE_WRITECOPY | Self::PAGE_EXECUTE_WRITECOPY) != 0 {
-            MemoryKind::PrivateFile
         } else {
-            MemoryKind::SharedWritable
+            match self.kind {
+                Self::MEM_PRIVATE => MemoryKind::Anonymous, // heap, VirtualAlloc
+                Self::MEM_MAPPED | Self::MEM_IMAGE if self.protect & (Self::PAGE_WRITECOPY | Self::PAGE_EXECUTE_WRITECOPY) != 0 => MemoryKind::PrivateFile,
+                Self::MEM_MAPPED | Self::MEM_IMAGE => MemoryKind::SharedWritable,
+                _ => MemoryKind::Special,
+            }
         }
     }
 }
@@ -493,6 +495,7 @@ mod tests {
         assert_eq!(region(commit, 0x04, mapped).memory_kind(), MemoryKind::SharedWritable); // shared memory
         assert_eq!(region(0x2000, 0, private).memory_kind(), MemoryKind::Unmapped); // reserved only
         assert_eq!(region(commit, 0x104, private).memory_kind(), MemoryKind::Special); // guard page
+        assert_eq!(region(commit, 0x04, 0x8_0000).memory_kind(), MemoryKind::Special); // a type Windows does not document
         // A range over heap and a read-only view is read-only: the worst decides.
         assert_eq!(classify_windows(&[region(commit, 0x04, private), region(commit, 0x02, mapped)]), MemoryKind::ReadOnly);
         assert_eq!(classify_windows(&[]), MemoryKind::Unmapped);

@@ -39,7 +39,9 @@ impl FileView {
                 "the file is {size} bytes, shorter than {offset} + {len}: was it replaced or truncated on disk?"
             )));
         }
-        // SAFETY: the file is open (its size was just read); the view unmaps exactly this once.
+        // SAFETY: `file` is open (its size was just read through it), the range is non-empty,
+        // page-aligned and inside the file; the mapping's only owner is the returned view, which
+        // unmaps it exactly once, on drop.
         unsafe { map(file, offset, len) }
     }
 
@@ -134,10 +136,13 @@ unsafe fn map(_file: i64, _offset: u64, _len: u64) -> Result<FileView> {
 
 impl Drop for FileView {
     fn drop(&mut self) {
-        // SAFETY: this view made the mapping and is its only owner; nothing uses it after drop
-        // (the ledger keeps the view alive while any registration covers it).
+        // SAFETY: `base`/`len` are the mapping this view made and owns alone (it is neither
+        // Clone nor Copy); nothing reads it after drop, as the ledger keeps the view alive while
+        // any registration covers it.
         #[cfg(unix)]
         let _ = unsafe { os::unmap(self.base, self.len) };
+        // SAFETY: `base` and `mapping` are the view and mapping handle this value made and owns
+        // alone; as on Unix, nothing uses them after drop.
         #[cfg(windows)]
         unsafe {
             os::unmap_view(self.base, self.mapping)

@@ -107,6 +107,8 @@ mod tests {
         let lock = OsLock::new().unwrap();
         let mut buffer = vec![7u8; 3 << 20];
         let base = buffer.as_mut_ptr() as u64;
+        // SAFETY: both ranges lie inside `buffer`, which outlives the block, and each unpin
+        // matches a pin of the same range.
         unsafe {
             lock.pin(base, 1 << 20).unwrap();
             lock.pin(base + (1 << 20), 1 << 20).unwrap(); // shares a page with the first when unaligned

@@ -11,7 +11,8 @@ fn last_os_error(call: &'static str) -> VikingError {
 pub fn page_size() -> u64 {
     #[cfg(unix)]
     {
-        // SAFETY: sysconf has no preconditions.
+        // SAFETY: sysconf takes a plain integer name and touches no memory of ours; an unknown
+        // name returns -1, handled below.
         let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         if size > 0 {
             return size as u64;
@@ -72,8 +73,10 @@ pub unsafe fn unmap(addr: u64, len: u64) -> Result<()> {
 /// The size of the open file `fd`.
 #[cfg(unix)]
 pub fn file_size(fd: i32) -> Result<u64> {
-    // SAFETY: fstat writes into the struct we pass and reads nothing else.
+    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `stat` is a live, writable struct of the type fstat fills; a bad `fd` makes the
+    // call fail with EBADF, it cannot reach memory of ours.
     if unsafe { libc::fstat(fd, &mut stat) } == 0 {
         Ok(stat.st_size as u64)
     } else {
@@ -106,7 +109,9 @@ pub fn resident_in_ram(addr: u64, len: u64) -> Option<u64> {
     let start = addr / page * page;
     let pages = ((addr + len).div_ceil(page) * page - start) / page;
     let mut vector = vec![0u8; pages as usize];
-    // SAFETY: mincore only reads the page tables of the range and writes `pages` bytes.
+    // SAFETY: mincore reads only the page tables of the range (an unmapped one fails with
+    // ENOMEM) and writes one byte per page into `vector`, which holds exactly `pages` bytes for
+    // the page-aligned range of `pages` pages passed.
     let done = unsafe { libc::mincore(start as *mut libc::c_void, (pages * page) as libc::size_t, vector.as_mut_ptr() as *mut _) };
     (done == 0).then(|| (vector.iter().filter(|&&b| b & 1 == 1).count() as u64 * page).min(len))
 }
@@ -237,9 +242,12 @@ pub fn memory_kind(addr: u64, len: u64) -> Option<crate::memmap::MemoryKind> {
     let mut regions = Vec::new();
     let mut cursor = addr;
     while cursor < end {
-        // SAFETY: VirtualQuery only reads the address space's bookkeeping and writes `info`.
+        // SAFETY: the struct is integers and raw pointers, for which all-zero bytes (0, null)
+        // are valid values.
         let mut info: win::MemoryBasicInformation = unsafe { std::mem::zeroed() };
         let size = std::mem::size_of::<win::MemoryBasicInformation>();
+        // SAFETY: VirtualQuery reads only the address space's bookkeeping for `cursor` (any
+        // address, mapped or not) and writes at most `size` bytes into `info`, which is that big.
         if unsafe { win::VirtualQuery(cursor as *const std::ffi::c_void, &mut info, size) } == 0 {
             return Some(MemoryKind::Unmapped);
         }
@@ -291,7 +299,8 @@ pub unsafe fn unmap_view(view: u64, mapping: u64) {
 #[cfg(windows)]
 pub fn file_size_of_handle(handle: u64) -> Result<u64> {
     let mut size = 0i64;
-    // SAFETY: GetFileSizeEx writes the size into `size`.
+    // SAFETY: GetFileSizeEx writes one LARGE_INTEGER (an i64) into `size`; a handle that is not
+    // an open file makes it fail (returns 0), it cannot reach memory of ours.
     if unsafe { win::GetFileSizeEx(handle as win::Handle, &mut size) } != 0 {
         Ok(size as u64)
     } else {
@@ -302,6 +311,8 @@ pub fn file_size_of_handle(handle: u64) -> Result<u64> {
 /// The process's minimum working-set size, which bounds what VirtualLock can hold (Windows).
 pub fn working_set_minimum() -> Option<u64> {
     #[cfg(windows)]
+    // SAFETY: GetCurrentProcess returns a pseudo-handle that needs no closing, and
+    // GetProcessWorkingSetSize writes one SIZE_T into each of the two locals it is given.
     unsafe {
         let (mut minimum, mut maximum) = (0usize, 0usize);
         if win::GetProcessWorkingSetSize(win::GetCurrentProcess(), &mut minimum, &mut maximum) != 0 {
@@ -314,6 +325,8 @@ pub fn working_set_minimum() -> Option<u64> {
 /// (commit limit, commit available) in bytes: RAM plus pagefiles (Windows).
 pub fn commit_charge() -> Option<(u64, u64)> {
     #[cfg(windows)]
+    // SAFETY: GlobalMemoryStatusEx fills the MEMORYSTATUSEX it is given, whose dwLength is set
+    // to its size as the call requires; `MemoryStatusEx` is `repr(C)` with the documented layout.
     unsafe {
         let mut status = win::MemoryStatusEx { dwLength: std::mem::size_of::<win::MemoryStatusEx>() as u32, ..Default::default() };
         if win::GlobalMemoryStatusEx(&mut status) != 0 {
@@ -327,6 +340,8 @@ pub fn commit_charge() -> Option<(u64, u64)> {
 /// PageFaultCount (soft and hard) on Windows.
 pub fn page_faults() -> Option<u64> {
     #[cfg(windows)]
+    // SAFETY: K32GetProcessMemoryInfo writes at most `counters.cb` bytes, the size of the
+    // `repr(C)` PROCESS_MEMORY_COUNTERS it is given, for the current process's pseudo-handle.
     unsafe {
         let mut counters = win::ProcessMemoryCounters { cb: std::mem::size_of::<win::ProcessMemoryCounters>() as u32, ..Default::default() };
         if win::K32GetProcessMemoryInfo(win::GetCurrentProcess(), &mut counters, counters.cb) != 0 {
@@ -414,7 +429,8 @@ pub fn lock_limit() -> Option<u64> {
         return None;
     }
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes into the struct we pass.
+    // SAFETY: getrlimit writes one `rlimit` into `limit`, a live local of that type; the
+    // resource is a valid constant.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
         return None;
     }
