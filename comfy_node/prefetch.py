@@ -20,16 +20,15 @@ forward ends). Why one block: with a tensor per copy, every layer's copy went ba
 pool as the next was made, on another stream than the compute's. ComfyUI counts a pool's
 unused memory as free VRAM, and under `cudaMallocAsync` (ComfyUI 0.33's default with CUDA 13)
 an allocation the pool cannot serve fails at once, without the retry PyTorch's own allocator
-makes. Measured on an H200: with the copies made one by one, the pool held 300-400 MB more
-unused than ComfyUI alone (bench/results/gpu_probe_static_vram.json).
+makes. With the copies made one by one, the pool holds hundreds of MB more unused than with
+ComfyUI alone.
 
 VRAM accounting: the window takes the place of the buffer ComfyUI reserves for streaming this
 model (`model_offload_buffer_memory`; its own copies are no longer made, and the buffers 0.33
 keeps for them are freed once the prefetcher has a plan: comfy.release_cast_buffers). It grows beyond that
 only out of VRAM ComfyUI had granted this model's weights and a Viking VRAM cap held back (the
 "surplus"), and only if that much is free: never out of the room ComfyUI keeps for activations
-(measured: taking free VRAM at load time instead runs the step out of memory when VRAM is
-tight). Same bytes, same kernels: outputs are bit-identical.
+(taking free VRAM at load time instead runs the step out of memory when VRAM is tight). Same bytes, same kernels: outputs are bit-identical.
 
 Only the diffusion model gets one, and only while ComfyUI has it loaded in part: Viking must
 not change how much VRAM ComfyUI finds free when it decides how to split a model (a LoRA's
@@ -120,7 +119,7 @@ class Ring:
 
 class CudaCopies:
     """The CUDA operations the prefetcher needs, in one place (tests put a CPU stand-in here to
-    check the bookkeeping without a GPU; the GPU runs are in bench/)."""
+    check the bookkeeping without a GPU; tests/vram_cap_check.py runs it on a GPU)."""
 
     def __init__(self, device):
         import torch
@@ -355,7 +354,7 @@ class Prefetcher:
             self._restore(index)
 
 
-DEFAULT_WINDOW_BYTES = 2 << 30  # measured on an H200: enough to bridge Flux's resident stretches
+DEFAULT_WINDOW_BYTES = 2 << 30  # enough to bridge a Flux-shaped model's resident stretches
 SAFETY_BYTES = 1 << 30  # never take the last GiB of free VRAM for copies ahead
 
 
@@ -372,10 +371,9 @@ def update(patcher, record, enabled: bool, window_bytes: int = 0) -> dict | None
     modules, comfy_streams = comfy.streamed_modules(comfy.torch_model(patcher)) if streams else ([], 0)
     if comfy_streams:
         # ComfyUI copies these layers itself, through the buffers a prefetcher takes over at each
-        # step (freed after a device sync): it would make them again per layer. Measured on an
-        # H100, fp8-scaled Flux-shaped model in 0.33 static mode: 64 plain layers prefetched
-        # beside the quantized ones cost 30-50 ms a prompt (gpu_probe_static_fp8_node_times.json
-        # at 943008c).
+        # step (freed after a device sync): it would make them again per layer. For an fp8-scaled
+        # Flux-shaped model in 0.33 static mode, 64 plain layers prefetched beside the quantized
+        # ones cost tens of milliseconds a prompt.
         modules = []
         record.set_note(MIXED_MARKER, MIXED_NOTE.format(count=comfy_streams))
     if current is not None and [id(m) for m in current.modules] == [id(m) for m in modules]:
