@@ -31,9 +31,12 @@ pub struct CudaBackend {
     devicemap: std::sync::atomic::AtomicBool,
 }
 
-// SAFETY: a CUcontext handle may be used from any thread (the driver is thread safe); this
-// type only makes it current around single calls.
+// SAFETY: the only field that is not Send is the CUcontext handle (a raw pointer). The driver
+// API is thread safe and a primary context may be made current on any thread; this type makes
+// it current only around single calls (`with_current`), and puts back what that thread had.
 unsafe impl Send for CudaBackend {}
+// SAFETY: as for Send; shared use only reads the handles and the `devicemap` atomic, and every
+// driver call made through `&self` is one the driver allows from several threads at once.
 unsafe impl Sync for CudaBackend {}
 
 fn unavailable(reason: impl Into<String>) -> VikingError {
