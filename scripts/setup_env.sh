@@ -197,6 +197,15 @@ install_windows_tools() {
     install_optional "the Windows cross-build and its tests under Wine" gcc-mingw-w64-x86-64 wine64
 }
 
+# --- 3c'. Rust lint tools: clippy checks that every unsafe block says why it is sound (test.sh),
+# also for the Windows target, which needs only that target's standard library to be checked ---
+install_rust_tools() {
+    if ! command -v rustup >/dev/null; then log "no rustup: clippy and the Windows target not installed (test.sh skips their checks)"; return; fi
+    rustup component list --installed 2>/dev/null | grep -q '^clippy' || { log "rustup component add clippy"; rustup component add clippy >/dev/null; }
+    rustup target list --installed 2>/dev/null | grep -qx x86_64-pc-windows-gnu \
+        || { log "rustup target add x86_64-pc-windows-gnu"; rustup target add x86_64-pc-windows-gnu >/dev/null; }
+}
+
 # --- 3d. ComfyUI 0.33 beside 0.3.75: tree + its own Python 3.12 venv ---------------------------
 python312() {   # a CPython >= 3.12 with venv (its real executable, not a pyenv shim), or nothing
     local c
@@ -300,7 +309,7 @@ main() {
         comfy033) setup_comfy033 ;;
         gguf)    setup_gguf ;;
         project) install_project ;;
-        all)     make_venv; install_packages; prepare_comfy; setup_comfy033; setup_gguf; install_browser; install_windows_tools; install_project ;;
+        all)     make_venv; install_packages; prepare_comfy; setup_comfy033; setup_gguf; install_browser; install_windows_tools; install_rust_tools; install_project ;;
         *)       echo "usage: $0 [all|venv|comfy [DEST]|comfy033|gguf|project]" >&2; return 2 ;;
     esac
     log "done"
