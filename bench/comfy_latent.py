@@ -12,9 +12,11 @@ usage: python bench/comfy_latent.py COMFY_DIR OUT.json [--depth N] [--free-gib G
 import json
 import sys
 import time
+from pathlib import Path
 
-import flux_model
-from flux_model import arg
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import flux_model  # noqa: E402
+from flux_model import arg  # noqa: E402
 
 comfy_dir, out_path = sys.argv[1], sys.argv[2]
 depth, free_gib, cap_gib = arg("--depth", 19, int), arg("--free-gib", 24.0, float), arg("--cap-gib", 8.0, float)

@@ -25,10 +25,10 @@ import subprocess
 import sys
 import time
 
-from flux_model import arg
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from flux_model import arg  # noqa: E402
 GIB = 1 << 30
 DEVICEMAP = "--no-devicemap" not in sys.argv  # read before run_case resets sys.argv for ComfyUI
 

@@ -6,6 +6,7 @@ renders the docs' figures from them.
 
 usage: python bench/stamp.py IN.json OUT.json COMMIT "COMMAND" [--dirty] [--note TEXT] [--device TEXT]
 """
+import datetime
 import json
 import sys
 
@@ -15,7 +16,7 @@ source, target, commit, command = sys.argv[1:5]
 note = sys.argv[sys.argv.index("--note") + 1] if "--note" in sys.argv else None
 device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else DEVICE
 data = json.load(open(source))
-stamp = {"commit": commit, "dirty": "--dirty" in sys.argv, "device": f"{device}, {data.get('date', '2026-12-01')}",
+stamp = {"commit": commit, "dirty": "--dirty" in sys.argv, "device": f"{device}, {data.get('date') or datetime.date.today().isoformat()}",
          "command": command}
 if note:
     stamp["note"] = note

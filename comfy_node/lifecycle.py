@@ -176,7 +176,7 @@ def _prompt_moved_nothing(record: ModelRecord, comfy_state: tuple) -> bool:
     effects `comfy_state` holds (its VRAM share, patch backups, hook patches, the torch model),
     and none of those changed since the last event. Reading the weights' identity costs ~1 us a
     weight, and six or seven such events a prompt cost an fp8-scaled Flux-shaped model ~15 ms of
-    each prompt on an H100 (gpu_probe_static_fp8_node_times.bench.json at 077e3c9). A weight
+    each prompt. A weight
     replaced some other way during the prompt is found by the check the gate's watcher makes
     once the prompt has ended (Viking's pins keep the replaced memory alive until then)."""
     return (record.last_report is not None and record.static_state[1:] == comfy_state
@@ -191,9 +191,8 @@ def _holds_nothing_during_prompt(record: ModelRecord) -> bool:
     no pin of Viking's keeps freed memory alive and nothing of its goes stale meanwhile, and new
     memory in RAM would mostly wait for the prompt's end anyway (_registrations_now). The case:
     a quantized model in 0.33's static mode, whose offloaded weights ComfyUI pins itself.
-    Walking, planning and the home's update there cost ~8 ms of each prompt on an H200, for
-    nothing (at 373d631, four servers each: 1.04x ComfyUI alone's warm prompt, the whole gap
-    Viking's events, gpu_probe_static_fp8_node_times.json)."""
+    Walking, planning and the home's update there cost several milliseconds of each prompt, for
+    nothing: the whole of Viking's gap to ComfyUI alone's warm prompt."""
     last = record.last_report
     return (last is not None and record.native_report is not None and last.get("pinned_bytes") == 0
             and not last.get("pending_bytes") and not last.get("waiting_bytes")
@@ -239,9 +238,9 @@ def _reconcile_ranges(native, patcher, record: ModelRecord, extra_ranges=(), tre
     done) when the model's weights are the same objects pointing at the same memory, the ledger
     is as at its last call and the budget has no room for more. ComfyUI fires about seven events
     a prompt that move nothing; the native call reads the process's memory map, RAM figures and
-    lock count, and reading every weight's storages costs ~20 us a weight (measured on an H200:
-    130-207 ms a prompt for a 5 GB fp8-scaled model in static mode when each event did both,
-    bench/probes/static_event_cost.py), so an event first compares a key that costs ~1 us a weight.
+    lock count, and reading every weight's storages costs ~20 us a weight (a tenth of a second or
+    more a prompt for a 5 GB fp8-scaled model in static mode if each event did both), so an event
+    first compares a key that costs ~1 us a weight.
     A plan that only ComfyUI's own pins or more budget room call for waits for the end of a
     running prompt (_plan_may_wait). `tree`: the model's own tensors and their identity key,
     when the caller has them already; `may_wait`: new registrations may wait for the end of a
@@ -302,8 +301,7 @@ def _plan_may_wait(record: ModelRecord, comfy_total: int) -> bool:
     """Whether a plan of a model whose own weights did not change can wait for the end of the
     running prompt: what calls for it is ComfyUI's own pinned set (its static mode pins and
     unpins offloaded weights at each partial load) or room in the budget for more. An
-    fp8-scaled Flux-shaped model's walk and plan cost ~5 ms on an H100
-    (gpu_probe_static_fp8_node_times.bench.json at 077e3c9). ComfyUI's pins never overlap
+    fp8-scaled Flux-shaped model's walk and plan cost ~5 ms. ComfyUI's pins never overlap
     Viking's (CUDA registers a range once) and stay within its own ceiling; what they grew by
     must also fit the room the last plan left. A server's watcher plans once the queue is idle."""
     return gate.watching() and gate.prompt_running() and _comfy_pins_fit(record, comfy_total)
@@ -329,15 +327,14 @@ def _registrations_now(patcher, record: ModelRecord, ranges: list, pinned_elsewh
     """The ranges to give the native reconcile now, and the new bytes that wait.
     In static mode ComfyUI's loads of a GPU model leave new host memory behind (the weights it
     moved back to RAM, a loader's buffer replaced by per-weight storages at the first load):
-    registering gigabytes of it costs a prompt ~80 ms a GB (measured on an H100,
-    bench/probes/static_event_breakdown.py), time ComfyUI alone never spends. So a running
+    registering gigabytes of it costs a prompt ~80 ms a GB, time ComfyUI alone never spends. So a running
     prompt registers at most REGISTER_DURING_PROMPT_BYTES of new memory; the ranges registered
     already are kept (and released as usual), and the rest is registered by the gate's watcher
     once no prompt runs, a step at a time, so a prompt queued meanwhile waits one step at most.
     Memory CUDA reports pinned already (`pinned_elsewhere`, from the walk: 0.33's static mode
     pins the weights it moves back to RAM) is not new: the plan leaves it as it is. Counted as new, the
-    3 GB of a ComfyUI-pinned fp8-scaled model sent the watcher through 11 walks and plans that
-    pinned nothing after its cold prompt (gpu_dynamic_fp8_scaled.json at 373d631)."""
+    3 GB of a ComfyUI-pinned fp8-scaled model would send the watcher through a walk and a plan
+    that pin nothing at every look after its cold prompt."""
     if record.registered_after != gate.pressure_releases:
         record.registered_ptrs = set()  # pressure relief gave pins back since: not registered now
     held = {ptr for ptr, _nbytes in pinned_elsewhere}

@@ -44,8 +44,8 @@ HARNESS = ["tests/comfy_server.py", "tests/synthetic_checkpoint.py", "tests/serv
 # without that mode did not run it.
 NOT_DYNAMIC = [":(exclude)comfy_node/dynamic.py"]
 STREAMING = ["comfy_node/lifecycle.py", "comfy_node/weights.py", "comfy_node/comfy.py", "comfy_node/prefetch.py",
-             "comfy_node/vram_cap.py", "comfy_node/home.py", "comfy_node/models.py", "bench/flux_model.py"]
-DYNAMIC_BENCH = RUST_CORE + CUDA + OS_LOCK + NODE + HARNESS + ["bench/gpu_dynamic.py", "bench/flux_model.py"]
+             "comfy_node/vram_cap.py", "comfy_node/home.py", "comfy_node/models.py", "tests/flux_model.py"]
+DYNAMIC_BENCH = RUST_CORE + CUDA + OS_LOCK + NODE + HARNESS + ["bench/gpu_dynamic.py", "tests/flux_model.py"]
 NODE_TIMES = DYNAMIC_BENCH + ["bench/probes/node_times.py"]
 CPU_BENCH = RUST_CORE + OS_LOCK
 
@@ -323,13 +323,13 @@ def _declare():
 
     static_gpu = RUST_CORE + CUDA + NODE + HARNESS + NOT_DYNAMIC
     add("gpu_home_timing.json", "Pinned home: unload, reload and two models taking turns (0.3.75, static)",
-        RUST_CORE + CUDA + STREAMING + ["bench/comfy_home.py"], gpu("home"), home_table)
+        RUST_CORE + CUDA + STREAMING + ["tests/home_check.py"], gpu("home"), home_table)
     add("gpu_home_correctness.json", "Pinned home: the weights that come back are the ones that left",
-        RUST_CORE + CUDA + STREAMING + ["bench/comfy_home.py", "tests/home_check.py"], gpu("tests"))
+        RUST_CORE + CUDA + STREAMING + ["tests/home_check.py"], gpu("tests"))
     add("gpu_vram_cap.json", "VRAM cap: seconds a step above the PCIe floor, Viking and ComfyUI alone",
-        RUST_CORE + CUDA + STREAMING + ["bench/comfy_vram_cap.py", "tests/vram_cap_check.py"], gpu("cap"), vram_cap_table)
+        RUST_CORE + CUDA + STREAMING + ["tests/vram_cap_check.py"], gpu("cap"), vram_cap_table)
     add("gpu_prefetch_cap_test.json", "VRAM cap and prefetch, the GPU test's small run",
-        RUST_CORE + CUDA + STREAMING + ["bench/comfy_vram_cap.py", "tests/vram_cap_check.py"], gpu("tests"))
+        RUST_CORE + CUDA + STREAMING + ["tests/vram_cap_check.py"], gpu("tests"))
     add("gpu_perf.json", "Pinning and copy speed, loads and low-VRAM steps (0.3.75)",
         RUST_CORE + CUDA + STREAMING + ["bench/gpu_perf.py"], gpu("perf"), perf_table)
     add("gpu_tests.json", "The GPU tests of the suite", RUST_CORE + CUDA + OS_LOCK + NODE + NOT_DYNAMIC +
@@ -381,14 +381,14 @@ def _declare():
     add("gpu_probe_static_fp8_split.bench.json", "0.33 static mode, fp8-scaled: the cold start split, the bench's file",
         NODE_TIMES, gpu("staticsplit"), dynamic_table)
     add("gpu_probe_static_fp8_gc.json", "0.33 static mode, fp8-scaled: full garbage collections per prompt",
-        NODE_TIMES + ["bench/probes/gc_times.py"], gpu("staticgc"))
+        NODE_TIMES + ["bench/probes/gc_times.py", "tests/gc_log.py"], gpu("staticgc"))
     add("gpu_probe_node_times.json", "Two models, default dynamic mode: seconds per node of every prompt",
         NODE_TIMES, gpu("twocold"), node_times_table)
     add("gpu_probe_static_vram.json", "Where the VRAM goes in 0.33 static mode, alone and with the Pin Model",
         DYNAMIC_BENCH + ["bench/probes/static_vram.py"], gpu("staticvram"))
     add("gpu_probe_static_event_breakdown.json", "Where Viking's event time goes in 0.33 static mode",
         RUST_CORE + CUDA + NODE + ["bench/probes/static_event_breakdown.py", "bench/probes/static_event_cost.py",
-                                   "bench/flux_model.py"], gpu("staticbreak"))
+                                   "tests/flux_model.py"], gpu("staticbreak"))
     add("gpu_probe_fp8_clone.json", "fp8-scaled model, a clone node against the Pin Model", DYNAMIC_BENCH, gpu("coldfp8"),
         dynamic_table)
     add("gpu_probe_registration_vram.json", "VRAM a CUDA registration takes (page tables)",
@@ -409,14 +409,14 @@ def _declare():
     add("ram_short_cpu.json", "A machine short of RAM, swap in use: --cpu", CPU_BENCH + NODE + HARNESS +
         ["bench/ram_short.py", "tests/memory_cgroup.py"], cpu("ramshort"), ram_short_table)
     add("swap_cpu.json", "Memory paged out between two runs: swap file and zram",
-        CPU_BENCH + ["comfy_node/lifecycle.py", "comfy_node/weights.py", "bench/swap_pressure.py"], cpu("swap"), swap_table)
+        CPU_BENCH + ["comfy_node/lifecycle.py", "comfy_node/weights.py", "tests/swap_pressure.py"], cpu("swap"), swap_table)
     add("cpu_cold_start.json", "--cpu, 0.33: first, warm and after-pressure prompts, three servers each",
         CPU_BENCH + NODE + HARNESS + ["bench/gpu_dynamic.py", "bench/cpu_cold_start.py"], cpu("coldstart"),
         cpu_cold_start_table)
     add("cpu_cold_start.bench.json", "--cpu, 0.33: the bench's own file",
         CPU_BENCH + NODE + HARNESS + ["bench/gpu_dynamic.py", "bench/cpu_cold_start.py"], cpu("coldstart"), dynamic_table)
     add("container_residency_cpu.json", "0.33 dynamic mode in a 4 GiB container: the checkpoint's pages kept",
-        CPU_BENCH + NODE + ["bench/container_residency.py", "tests/dynamic_cpu.py", "tests/memory_cgroup.py"],
+        CPU_BENCH + NODE + ["tests/container_check.py", "tests/dynamic_cpu.py", "tests/memory_cgroup.py"],
         cpu("container"), container_table)
     add("event_cost_cpu.json", "What one of ComfyUI's events costs Viking, dynamic mode",
         CPU_BENCH + NODE + ["bench/probes/event_cost.py", "tests/dynamic_cpu.py"], cpu("events"))
@@ -429,7 +429,7 @@ def _declare():
     add("watch_rate_cpu.json", "What the gate's watcher costs a sampling step",
         ["comfy_node/gate.py", "comfy_node/comfy.py", "comfy_node/timing.py", "bench/probes/watch_rate.py"], cpu("watcher"))
     add("status_stall_cpu.json", "What a status read costs the execution thread, 16 GiB pinned",
-        CPU_BENCH + ["bench/status_stall.py"], cpu("stall"))
+        CPU_BENCH + ["bench/status_stall.py", "tests/flux_model.py"], cpu("stall"))
     add("status_stall_one_pass_cpu.json", "The same, the status read in one pass of /proc/self/pagemap",
         CPU_BENCH + ["bench/status_stall.py"], cpu("stall"))
     add("plan.json", "The plan over 10,000 ranges (cargo bench)", ["src/plan.rs", "src/spans.rs", "benches/plan.rs"],

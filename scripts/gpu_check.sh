@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks, on the GPU machine (no network, no Rust toolchain: see the device notes in
-# README.md). What it needs is carried in folders under .gpu/ (git-ignored), made here by
+# README.md).
+#
+# Every figure the docs quote, measured again: `bash scripts/gpu_check.sh all` lists the calls
+# (each under ten minutes of the machine), `all N` runs call N there, and here
+# `bash scripts/gpu_check.sh collect DIR N` stamps the files call N brought back with this
+# checkout's commit, puts them in bench/results/ and renders the docs (scripts/figures.py).
+#
+# What it needs is carried in folders under .gpu/ (git-ignored), made here by
 #   bash scripts/gpu_check.sh carry      # wheels for CPython 3.12 + the ComfyUI trees + this
 #                                        # project's wheel, split into .gpu/c1 and .gpu/c2 (each
 #                                        # under the 64 MiB a call may carry)
@@ -113,6 +120,17 @@ install() {
 part_tests() {
     VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -s -p no:cacheprovider tests/test_native.py tests/test_reliability.py \
         tests/test_gpu_streaming.py -k "cuda or gpu or gigabytes" 2>&1 | tee "$OUT/tests.log" | tail -40
+    # gpu_tests.json: pytest's counts and the figures the tests print, from the log.
+    python3 - "$OUT/tests.log" "$OUT/gpu_tests.json" <<'PY'
+import json, re, sys, time
+log = open(sys.argv[1]).read()
+summary = [line for line in log.splitlines() if re.search(r"\d+ (passed|failed)", line) and " in " in line]
+counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped)", summary[-1] if summary else "")}
+printed = [line.strip() for line in log.splitlines() if line.strip().startswith("cuda")]
+json.dump({"bench": "gpu_tests", "date": time.strftime("%Y-%m-%d"), "passed": counts.get("passed", 0),
+           "failed": counts.get("failed", 0), "skipped": counts.get("skipped", 0), "printed": printed},
+          open(sys.argv[2], "w"), indent=1)
+PY
 }
 
 # --cpu on a machine with a GPU (OS lock, no CUDA context) and the locked-memory limit of a
@@ -141,11 +159,11 @@ part_servers033() { server_part servers033 "not dynamic and 0.33"; }
 part_servers033dyn() { server_part servers033dyn "dynamic and 0.33"; }
 
 part_home() {
-    python3 bench/comfy_home.py .comfy/ComfyUI "$OUT/gpu_home_timing.json" --parts timing,alternate --reps 3 --switches 4 2>&1 | tail -20
+    python3 tests/home_check.py .comfy/ComfyUI "$OUT/gpu_home_timing.json" --parts timing,alternate --reps 3 --switches 4 2>&1 | tail -20
 }
 
 part_cap() {
-    python3 bench/comfy_vram_cap.py .comfy/ComfyUI "$OUT/gpu_vram_cap.json" --caps 4,12 --modes comfy,viking,comfy_same_peak --reps 3 2>&1 | tail -12
+    python3 tests/vram_cap_check.py .comfy/ComfyUI "$OUT/gpu_vram_cap.json" --caps 4,12 --modes comfy,viking,comfy_same_peak --reps 3 2>&1 | tail -12
 }
 
 part_perf() {
@@ -275,8 +293,77 @@ part_twocold() {
         --free-gib "${DYNAMIC_FREE_GIB:-6}" 2>&1 | tee "$OUT/gpu_probe_node_times.log" | tail -12
 }
 
+# The calls of `all`: each under ten minutes of the machine (the seconds are those of the last
+# runs on an H100, or estimates from the servers each part starts). Calls 1 and 2 install what
+# .gpu/c1 and .gpu/c2 carry; the later ones need that machine still warm (else start again at 1).
+ALL_CALLS=(
+    "install .gpu/c1 servers375 home"            # ~140 + ~210 s
+    "install .gpu/c2 tests platforms servers033"  # ~130 + ~90 + ~190 s
+    "parts perf cap"                              # ~240 + ~200 s
+    "parts servers033dyn fp8 cquant"              # ~190 + ~135 + ~135 s
+    "parts gguf fastdisk statusstall"             # ~190 + ~150 + ~60 s
+    "parts dynamic staticbreak"                   # ~350 + ~120 s
+    "parts rounds"                                # three servers per mode: ~300 s
+    "parts rounds1"
+    "parts rounds2"
+    "parts roundsfp8"
+    "parts roundscquant"
+    "parts roundsgguf"
+    "parts coldfp8"                               # 15 servers: ~450 s
+    "parts staticfp8 staticgc"                    # ~185 + ~195 s
+    "parts staticsplit"                           # ~270 s
+    "parts staticvram"                            # ~300 s
+    "parts twocold"                               # ~300 s
+)
+# Parts of benches other files add (first prompt, zero copy, a machine short of RAM): a call
+# each, once the part exists.
+for extra in firstprompt zerocopy ramshort; do
+    declare -F "part_$extra" > /dev/null && ALL_CALLS+=("parts $extra")
+done
+
+all_calls() {
+    if [[ -z "${1:-}" ]]; then
+        echo "bash scripts/gpu_check.sh carry, here; then on the GPU machine, one call each (10 minutes at most):"
+        for i in "${!ALL_CALLS[@]}"; do echo "  all $((i + 1)):  ${ALL_CALLS[$i]}"; done
+        echo "and here, after each call: bash scripts/gpu_check.sh collect FILES_AT N"
+        return 0
+    fi
+    local call="${ALL_CALLS[$(($1 - 1))]:-}"
+    [[ -n "$call" ]] || { echo "[gpu_check] no call $1: there are ${#ALL_CALLS[@]}" >&2; return 2; }
+    { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
+      python3 -c 'import torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")'; } 2>/dev/null \
+        | paste -sd ', ' > "$OUT/device.txt" || true
+    echo "$1: $call" > "$OUT/call.txt"
+    # shellcheck disable=SC2086
+    "$0" $call
+}
+
+# Here, on what a call brought back: each result file is stamped with this checkout's commit
+# and the call that made it, and the docs' figures rendered again.
+collect() {
+    local from="$1" number="$2" commit device call dirty=""
+    commit="$(git rev-parse --short HEAD)"
+    git diff --quiet HEAD -- src comfy_node bench tests Cargo.toml || dirty="--dirty"
+    device="$(cat "$from/device.txt" 2>/dev/null || echo "a GPU machine")"
+    call="${ALL_CALLS[$((number - 1))]}"
+    for result in "$from"/*.json; do
+        [[ -e "$result" ]] || continue
+        # Only the files the docs' figures come from (scripts/figures.py declares them).
+        if ! .venv/bin/python -c 'import sys; sys.path.insert(0, "scripts"); import figures; sys.exit(sys.argv[1] not in figures.BENCHMARKS)' \
+                "$(basename "$result")"; then
+            echo "[gpu_check] $(basename "$result"): not declared in scripts/figures.py, left in $from"
+            continue
+        fi
+        .venv/bin/python bench/stamp.py "$result" "bench/results/$(basename "$result")" "$commit" \
+            "bash scripts/gpu_check.sh all $number ($call)" --device "$device" $dirty
+    done
+    .venv/bin/python scripts/figures.py render
+}
+
 case "${1:-}" in
     carry) carry ;;
+    all) all_calls "${2:-}" ;;
+    collect) collect "$2" "$3" ;;
     install|parts)
         # parts: on a machine an earlier install left warm (/tmp/site, the trees, the hosts)
         if [[ "$1" == install ]]; then install "$2"; shift; fi
@@ -292,5 +379,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|staticgc|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 all [N] | collect DIR N | carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|staticgc|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
 esac

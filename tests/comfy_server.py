@@ -13,7 +13,7 @@ Two ComfyUI installs, each a tree and the Python that runs it (COMFY_INSTALLS):
     "0.33"    the hosts folder's ComfyUI-0.33.0  run by .comfy/venv-0.33/bin/python (3.12)
 (tests/hosts.py says where the hosts folder is: outside the repository.)
 `comfy_unavailable(version)` says why one is not there (None when it is); in-process scripts
-(bench/comfy_*.py) get the tree and the interpreter from `comfy_install(version)`.
+(tests/*_check.py, bench/) get the tree and the interpreter from `comfy_install(version)`.
 
 The server only ever listens on 127.0.0.1 and is always stopped when the `with` block ends.
 """
@@ -443,9 +443,14 @@ _WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 _MUTED, _BYPASSED = 2, 4
 
 
-def api_prompt_from_ui_workflow(ui, object_info):
+def api_prompt_from_ui_workflow(ui, object_info, picks=None):
     """Convert a UI-format workflow (what ComfyUI's frontend saves: "nodes", "links",
     "widgets_values") into the API format POST /prompt takes.
+
+    A template for any checkpoint leaves its loaders' file lists empty ("") for the user to pick
+    one (scripts/make_workflows.py, PICK). The harness picks in the user's place: `picks`, the
+    file names for those empty choices in the order of the nodes; where it runs out (or is not
+    given), the synthetic checkpoint CKPT_NAME that prepare_base_dir offers.
 
     Widget values are positional in the UI format; their names come from object_info's input
     order, skipping the extra "control_after_generate" value (fixed/randomize/...) that the
@@ -472,6 +477,7 @@ def api_prompt_from_ui_workflow(ui, object_info):
                 return [str(src), slot]
         return None
 
+    picks = list(picks or [])
     prompt = {}
     for node in ui["nodes"]:
         if node["type"] in _FRONTEND_ONLY or node.get("mode") in (_MUTED, _BYPASSED):
@@ -494,6 +500,8 @@ def api_prompt_from_ui_workflow(ui, object_info):
                     if not is_widget or opts.get("forceInput") or not values:
                         continue
                     inputs[name] = values.pop(0)
+                    if inputs[name] == "" and (isinstance(typ, list) or typ == "COMBO"):
+                        inputs[name] = picks.pop(0) if picks else CKPT_NAME   # the user's pick
                     # The frontend stores extra widgets' values right after some inputs: the
                     # "control after generate" mode after seeds (flagged, or legacy by name) and
                     # the upload button after LoadImage-style combos.

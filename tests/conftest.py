@@ -38,7 +38,7 @@ def comfy_version(request):
 @pytest.fixture(scope="module")
 def comfy_env(comfy_version):
     """The ComfyInstall of `comfy_version`: .tree and .python, for scripts run in-process
-    (bench/comfy_*.py take the tree as their first argument and run under .python)."""
+    (tests/*_check.py take the tree as their first argument and run under .python)."""
     return comfy_install(comfy_version)
 
 

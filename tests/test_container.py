@@ -90,14 +90,14 @@ def test_pins_within_the_limit_of_its_own_cgroup(limited_cgroup, tmp_path):
 
 @pytest.mark.host("0.33")
 def test_dynamic_residency_keeps_the_model_in_ram_under_the_container_limit():
-    """ComfyUI 0.33's dynamic VRAM mode in a 2 GiB container (bench/container_residency.py, small):
+    """ComfyUI 0.33's dynamic VRAM mode in a 2 GiB container (tests/container_check.py, small):
     the model's weights in aimdo's mapping of its checkpoint, then another 2 GiB file read twice
     inside the container. Alone, the kernel reclaims the model's pages at the limit and the next
     run reads them from disk; with Viking's Pin Model (node defaults) they stay locked, the
     budget follows the limit, nothing is released for pressure, outputs are bit-identical."""
     install = comfy_install("0.33")
     result_path = Path(__file__).resolve().parent.parent / ".comfy" / "container_residency_test.json"
-    run = subprocess.run([str(install.python), "bench/container_residency.py", str(install.tree), str(result_path), "--reps", "1",
+    run = subprocess.run([str(install.python), "tests/container_check.py", str(install.tree), str(result_path), "--reps", "1",
                           "--limit-gib", "2", "--model-mib", "256", "--other-gib", "2"],
                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent)
     if "no container limit here" in run.stderr:

@@ -1,4 +1,4 @@
-"""The garbage-collection probe (bench/probes/gc_times.py) against a real CPU server of each
+"""The garbage-collection log (tests/gc_log.py, which bench/probes/gc_times.py uses) against a real CPU server of each
 version: its node pack logs ComfyUI's own collection of the whole heap after the first prompt
 (main.py's prompt worker calls gc.collect() once a prompt has run), with the frames that made
 it, and the probe places a collection inside the prompt whose start and end surround it."""
@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "bench" / "probes")]
+sys.path[:0] = [str(REPO / "tests")]
 
-import gc_times  # noqa: E402
+import gc_log as gc_times  # noqa: E402
 from comfy_server import ComfyServer, prepare_base_dir, txt2img_prompt  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 (0.3.75; 0.33 with --disable-dynamic-vram, and 0.33 in its default dynamic VRAM mode, where
 Viking governs ComfyUI's staging), VRAM held down so the model streams: the example
 low-VRAM workflow with the pin nodes, a LoRA and a hook LoRA, then /free cycles.
-bench/gpu_server.py does the work and the checks: images bit-identical to ComfyUI alone, no CUDA
+tests/gpu_server_check.py does the work and the checks: images bit-identical to ComfyUI alone, no CUDA
 error / "Pin error" / "Tried to unpin" in the log, every registration released after /free, RSS
 flat. With VIKING_GPU_RESULTS=DIR the result files are kept there (bench/results/ figures)."""
 
@@ -34,7 +34,7 @@ def results_dir(tmp_path) -> Path:
 
 def run_server_bench(comfy_env, tmp_path, name: str, *args: str):
     out = results_dir(tmp_path) / name
-    run = subprocess.run([str(comfy_env.python), str(REPO_ROOT / "bench" / "gpu_server.py"), comfy_env.version, str(out), *args],
+    run = subprocess.run([str(comfy_env.python), str(REPO_ROOT / "tests" / "gpu_server_check.py"), comfy_env.version, str(out), *args],
                          capture_output=True, text=True, timeout=1500)
     assert out.exists(), run.stdout[-2000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -87,7 +87,7 @@ def test_cpu_flag_beside_a_gpu_pins_with_the_os_lock_and_makes_no_cuda_context(c
 def test_cuda_pins_ignore_the_lock_limit_that_the_os_lock_keeps(tmp_path):
     """As a process without CAP_IPC_LOCK and an 8 MiB `ulimit -l` (a user, a default container):
     CUDA registers all of 256 MiB, the OS lock stays within the limit and names it
-    (bench/probes/memlock_cuda.py)."""
+    (tests/memlock_check.py)."""
     import shutil
     import sys
 
@@ -95,7 +95,7 @@ def test_cuda_pins_ignore_the_lock_limit_that_the_os_lock_keeps(tmp_path):
         pytest.skip("needs setpriv and prlimit (util-linux) to drop CAP_IPC_LOCK and set the limit")
     out = results_dir(tmp_path) / "gpu_memlock.json"
     run = subprocess.run(["prlimit", "--memlock=8388608:8388608", "setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock",
-                          sys.executable, str(REPO_ROOT / "bench" / "probes" / "memlock_cuda.py"), str(out)],
+                          sys.executable, str(REPO_ROOT / "tests" / "memlock_check.py"), str(out)],
                          capture_output=True, text=True, timeout=300)
     assert out.exists(), run.stdout[-2000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())

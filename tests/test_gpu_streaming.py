@@ -1,8 +1,8 @@
 """The GPU paths of the pinned home and the prefetch, on a CUDA GPU (skipped, with the reason,
-elsewhere): the same bench scripts whose H200 figures are in bench/results/, at a small size.
-- comfy_home.py: forward passes bit-identical to ComfyUI alone across load / partial unload /
+elsewhere): the same check scripts whose GPU figures are in bench/results/, at a small size.
+- home_check.py: forward passes bit-identical to ComfyUI alone across load / partial unload /
   unload / LoRA load / reload; weights come home in their original storage; fallback cases.
-- comfy_vram_cap.py: at each cap the weights stay under it, the prefetch ran (copies made along
+- vram_cap_check.py: at each cap the weights stay under it, the prefetch ran (copies made along
   a recorded plan) and every output is bit-identical to the uncapped one.
 - cast_buffers_check.py: ComfyUI 0.33's own streaming buffers, freed by the seam once the
   prefetch serves every streamed layer, and made again by ComfyUI after.
@@ -39,21 +39,21 @@ pytestmark = [
 
 def run_bench(script, out, *args):
     out = Path(os.environ["VIKING_GPU_RESULTS"]) / out.name if os.environ.get("VIKING_GPU_RESULTS") else out
-    run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / script), str(COMFY_DIR), str(out), *args],
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / script), str(COMFY_DIR), str(out), *args],
                          capture_output=True, text=True, timeout=900)
     assert out.exists(), run.stdout[-2000:] + run.stderr[-3000:]
     return json.loads(out.read_text()), run
 
 
 def test_pinned_home_on_gpu(tmp_path):
-    result, run = run_bench("comfy_home.py", tmp_path / "home.json", "--parts", "correctness,fallback")
+    result, run = run_bench("home_check.py", tmp_path / "gpu_home_correctness.json", "--parts", "correctness,fallback")
     failed = [c for c in result["checks"] if not c["ok"]]
     assert not failed and run.returncode == 0, failed or run.stderr[-3000:]
     assert result["parts"]["correctness"]["stages_identical"] == result["parts"]["correctness"]["stages_compared"] > 0
 
 
 def test_prefetch_under_a_cap_on_gpu(tmp_path):
-    result, run = run_bench("comfy_vram_cap.py", tmp_path / "cap.json", "--depth", "2", "--caps", "0.5,1",
+    result, run = run_bench("vram_cap_check.py", tmp_path / "gpu_prefetch_cap_test.json", "--depth", "2", "--caps", "0.5,1",
                             "--modes", "comfy,viking", "--reps", "2")
     assert result["ok"] and run.returncode == 0, result["rows"]
     viking = [r for r in result["rows"] if r["mode"] == "viking"]

@@ -2,11 +2,11 @@
 
 - The mechanics, in-process through ComfyUI's real ModelPatcher, with torch's meta device as the
   "GPU": loading takes the weights out of RAM for real, and nothing can be copied back from meta,
-  so each weight that returns must come from its home (bench/comfy_home.py --cpu).
+  so each weight that returns must come from its home (tests/home_check.py --cpu).
 - The images, on a real server: load -> sample -> unload -> LoRA load -> sample -> unload ->
   reload -> sample, with Viking (pinned home on) and without, pixel for pixel. On this CPU
   machine ComfyUI never moves weights, so this shows the nodes change nothing; on a GPU the same
-  sequence runs through the home (bench/comfy_home.py compares forward passes there).
+  sequence runs through the home (tests/home_check.py compares forward passes there).
 """
 
 import json
@@ -22,7 +22,7 @@ LORA = "synthetic_lora.safetensors"
 
 def test_weights_come_home_without_copy_through_load_unload_and_lora(comfy_env, tmp_path):
     out = tmp_path / "home.json"
-    run = subprocess.run([str(comfy_env.python), str(REPO_ROOT / "bench" / "comfy_home.py"), str(comfy_env.tree), str(out), "--cpu"],
+    run = subprocess.run([str(comfy_env.python), str(REPO_ROOT / "tests" / "home_check.py"), str(comfy_env.tree), str(out), "--cpu"],
                          capture_output=True, text=True, timeout=600)
     assert out.exists(), run.stdout[-2000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -2,7 +2,7 @@
 forward hooks on a real torch model, with a CPU stand-in for the CUDA operations (a copy is
 written into a real CPU block at the offset the prefetcher's Ring gave, so two copies held at
 once in the same bytes would change the outputs; the stream waits are recorded). What only a GPU can show (overlap, speed, VRAM) is
-measured in bench/comfy_vram_cap.py and checked by tests/test_gpu_streaming.py there."""
+measured in tests/vram_cap_check.py and checked by tests/test_gpu_streaming.py there."""
 
 import random
 

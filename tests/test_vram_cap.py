@@ -14,7 +14,7 @@ from comfy_server import REPO_ROOT
 
 def test_cap_holds_and_is_gone_after_unpin(comfy_env, tmp_path):
     out = tmp_path / "cap.json"
-    run = subprocess.run([str(comfy_env.python), str(REPO_ROOT / "bench" / "comfy_vram_cap.py"), str(comfy_env.tree), str(out), "--cpu"],
+    run = subprocess.run([str(comfy_env.python), str(REPO_ROOT / "tests" / "vram_cap_check.py"), str(comfy_env.tree), str(out), "--cpu"],
                          capture_output=True, text=True, timeout=600)
     assert out.exists(), run.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -9,9 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent.parent / "tests")]
 sys.argv = [sys.argv[0], sys.argv[1], sys.argv[2], "--cycles", "0"] + sys.argv[3:]
-import gpu_server as bench  # noqa: E402  (its main runs only as a script)
+import gpu_server_check as bench  # noqa: E402  (its main runs only as a script)
 
 VARIANTS = {
     "comfy": None,

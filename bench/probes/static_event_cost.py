@@ -32,7 +32,7 @@ def arg(name, default):
 def start_with_code(comfy_dir: str, code_root: str):
     """In this process: ComfyUI (on the CPU) and `code_root`'s comfy_node, with no headroom.
     Returns ComfyUI's `comfy.sd`, Viking's `lifecycle` and the native module."""
-    sys.path[:0] = [code_root, os.path.join(ROOT, "bench")]
+    sys.path[:0] = [code_root, os.path.join(ROOT, "tests")]
     import flux_model
 
     flux_model.start_comfy(comfy_dir, cpu=True)
@@ -158,7 +158,7 @@ def model_file(comfy_dir: str, depth: int) -> str:
 
 
 def write_model(comfy_dir: str, path: str, depth: int):
-    sys.path[:0] = [os.path.join(ROOT, "bench")]
+    sys.path[:0] = [os.path.join(ROOT, "tests")]
     import flux_model
 
     flux_model.start_comfy(comfy_dir, cpu=True)

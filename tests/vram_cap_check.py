@@ -16,7 +16,7 @@ The floor is max(streamed bytes / link speed, all-in-VRAM step), the link speed 
 copies of 2 GiB from pinned memory measured in the same run. Step times are medians of --reps
 steps after two warm-up steps.
 
-usage: python bench/comfy_vram_cap.py COMFY_DIR OUT.json [--cpu] [--depth N] [--caps G,G,...] [--reps N]
+usage: python tests/vram_cap_check.py COMFY_DIR OUT.json [--cpu] [--depth N] [--caps G,G,...] [--reps N]
        [--modes M,...] [--no-devicemap]
 """
 

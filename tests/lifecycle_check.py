@@ -4,7 +4,7 @@ compares the bytes Viking holds pinned with the bytes of the model that sit in R
 that nothing leaks, that ComfyUI never warns, that no CUDA error is left, and that a forward
 pass gives the same bits with every weight in VRAM and with half of them streamed from RAM.
 
-usage: python bench/comfy_lifecycle.py COMFY_DIR OUT.json [--cpu] [--depth N] [--vram-gib G]
+usage: python tests/lifecycle_check.py COMFY_DIR OUT.json [--cpu] [--depth N] [--vram-gib G]
   --cpu: ComfyUI's --cpu mode and the OS-lock backend (what CI runs, on a tiny model)
   --depth: Flux double blocks (single blocks = 2x); the default 6 gives ~8 GB of bf16 weights
   --vram-gib: VRAM left free for the partial-load stage (the rest held by a dummy allocation)

@@ -10,7 +10,7 @@ and Viking's registration counters after each. Checks: images bit-identical betw
 every prompt; no CUDA error, "Pin error", "Tried to unpin" or traceback in the log; with Viking,
 after the last /free every registration made has been released; RSS flat over the cycles.
 
-usage: python bench/gpu_server.py VERSION OUT.json [--free-gib G] [--cycles N] [--steps N] [--dynamic]
+usage: python tests/gpu_server_check.py VERSION OUT.json [--free-gib G] [--cycles N] [--steps N] [--dynamic]
 VERSION: 0.3.75 or 0.33; --dynamic: 0.33's default dynamic VRAM mode (else --disable-dynamic-vram).
 """
 
@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from comfy_server import (ComfyServer, cached_checkpoint, cached_lora, prepare_base_dir, txt2img_prompt,  # noqa: E402

@@ -18,7 +18,7 @@ warm run's bit for bit and every other run's. The model has no staged modules (e
 read from the file, as under --fast-disk or for weights in VRAM slots). Alone and with Viking
 alternate; medians of --reps.
 
-usage: python bench/container_residency.py COMFY_0_33_DIR OUT.json [--limit-gib 4] [--model-mib 640]
+usage: python tests/container_check.py COMFY_0_33_DIR OUT.json [--limit-gib 4] [--model-mib 640]
        [--other-gib 4] [--other-reads 2] [--reps 3] [--work DIR]     (ComfyUI 0.33's Python, as root)
 """
 
@@ -117,7 +117,7 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--work", default=str(ROOT / ".comfy" / "container_residency"))
     args = parser.parse_args()
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+    sys.path[:0] = [str(ROOT / "tests")]
     import memory_cgroup
     from server_tools import drop_file_cache
     import safetensors.torch

@@ -5,7 +5,7 @@ Expected: CUDA pins all of it (the driver does not count its pins against the li
 lock pins within the limit and names it for the rest; nothing fails.
 
 usage: prlimit --memlock=8388608:8388608 setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock \\
-           python bench/probes/memlock_cuda.py OUT.json
+           python tests/memlock_check.py OUT.json
 """
 import json
 import os
@@ -13,7 +13,7 @@ import resource
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 

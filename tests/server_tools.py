@@ -1,6 +1,6 @@
-"""What the real-server GPU benches share (bench/gpu_server.py, bench/gpu_dynamic.py): a process
+"""What the real-server GPU benches share (tests/gpu_server_check.py, bench/gpu_dynamic.py): a process
 holding VRAM down, a prompt's run time from ComfyUI's own timestamps, the process's memory, a
-file's page cache dropped, and the log lines that must never appear (bench/container_residency.py
+file's page cache dropped, and the log lines that must never appear (tests/container_check.py
 uses the cache drop too)."""
 
 import json

@@ -4,7 +4,7 @@ writable mapping, as the kernel would under pressure, without starving the machi
 next sampling run. Side by side in one run: without Viking, and with the example workflow's
 Viking pins (OS lock on this machine).
 
-usage: python bench/swap_pressure.py [OUT.json]   (root, Linux; default bench/results/swap_cpu.json)
+usage: python tests/swap_pressure.py [OUT.json]   (root, Linux; default bench/results/swap_cpu.json)
 The swap file is temporary (.comfy/swapfile) and always removed, also on failure."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Parts (--parts, comma-separated; default: all that can run here):
 - alternate (GPU): two such models take turns on a GPU whose free VRAM (the rest held by a
   dummy allocation) holds only one; each turn loads the model and runs one step. Total time.
 
-usage: python bench/comfy_home.py COMFY_DIR OUT.json [--cpu] [--parts P,...] [--depth N] [--reps N]
+usage: python tests/home_check.py COMFY_DIR OUT.json [--cpu] [--parts P,...] [--depth N] [--reps N]
        [--cycles N] [--switches N]
 """
 

@@ -6,7 +6,7 @@ inputs of one step, and the check that no CUDA error was left behind."""
 import os
 import sys
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def arg(name, default, kind=None):
@@ -17,7 +17,7 @@ def arg(name, default, kind=None):
 def start_comfy(comfy_dir, cpu: bool):
     """Makes ComfyUI (in `comfy_dir`) and this repository importable and lets ComfyUI parse
     its own arguments (only --cpu, or none). Call after reading this script's arguments."""
-    sys.path[:0] = [comfy_dir, os.path.dirname(BENCH), BENCH]
+    sys.path[:0] = [comfy_dir, os.path.dirname(TESTS), TESTS]
     sys.argv = [sys.argv[0]] + (["--cpu"] if cpu else [])
     import comfy.options
 
