@@ -7,17 +7,16 @@
 //! - `os_cap`: what the OS tolerates page-locked (Windows fails past ~40-50% of RAM), less what
 //!   others (ComfyUI's own pinning) already hold;
 //! - `headroom`: RAM that must stay un-pinned for everything else: usable RAM - headroom - others;
-//! - `pressure`: only when available RAM has already fallen below the headroom: what we hold,
-//!   less the shortfall, so the OS may page out that much of our weights;
+//! - `pressure`: the pressure governor's ceiling (`pressure.rs`), only while the machine stalls
+//!   for memory or has not yet been calm for long enough since it did.
+//!
+//! Available RAM below the headroom is not a term: on a machine short of RAM with swap on that
+//! is the normal state, and pinning weights that are already in RAM takes no new memory. Whether
+//! the machine stalls is what the governor watches.
 //!
 //! Windows' commit charge (RAM + pagefile promised to allocations) is reported, not a term:
 //! locking a page neither raises nor, unlocked, lowers it, so giving pins back when it runs
 //! short would cost speed and help nothing.
-//!
-//! Unpinning frees no RAM by itself (the weights stay where they are; the OS may now page them
-//! out), so available RAM does not rise when we release. Pins already given back during this
-//! spell of pressure therefore count against the shortfall, or every later look would find the
-//! same shortfall and release again, until nothing is pinned.
 
 use serde::Serialize;
 
@@ -79,9 +78,6 @@ pub struct MemorySnapshot {
     /// The memory limit of the container (cgroup) we run in, if it is below `total_ram`.
     pub container_limit: Option<u64>,
     pub pinned_by_us: u64,
-    /// Pins we released because of pressure since the pressure began (they cover that much of
-    /// the shortfall already; see the module comment).
-    pub given_back_under_pressure: u64,
     /// Pinned by others in this process (ComfyUI's own `cudaHostRegister` calls).
     pub pinned_by_others: u64,
     /// Windows: the commit limit (RAM + pagefiles) and what is left of it.
@@ -166,6 +162,14 @@ pub enum Term {
     Pressure,
 }
 
+/// The pressure governor's ceiling on our pinned bytes, with why it is there.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PressureCeiling {
+    pub bytes: u64,
+    /// "gave back 3.1 GiB at 12:04:31 UTC: the machine stalled 23% of the last 1.5 s".
+    pub reason: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Budget {
     /// Bytes we may hold pinned in all, what we hold now included.
@@ -185,7 +189,8 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// Available RAM is below the headroom now.
+    /// The pressure governor holds a ceiling now.
+    #[cfg(test)]
     pub fn under_pressure(&self) -> bool {
         self.terms.iter().any(|(term, _)| matches!(term, Term::Pressure))
     }
@@ -200,7 +205,8 @@ pub fn gib(bytes: u64) -> String {
     }
 }
 
-pub fn compute(snapshot: &MemorySnapshot, policy: &Policy) -> Budget {
+/// The budget now. `pressure`: the pressure governor's ceiling, if it holds one.
+pub fn compute(snapshot: &MemorySnapshot, policy: &Policy, pressure: Option<&PressureCeiling>) -> Budget {
     let usable = snapshot.usable_ram();
     let headroom = policy.headroom_bytes.unwrap_or_else(|| default_headroom(usable));
     let others = snapshot.pinned_by_others;
@@ -214,10 +220,8 @@ pub fn compute(snapshot: &MemorySnapshot, policy: &Policy) -> Budget {
     let os_cap = (usable as f64 * snapshot.os.pin_share_cap()) as u64;
     terms.push((Term::OsCap, os_cap.saturating_sub(others)));
     terms.push((Term::Headroom, usable.saturating_sub(headroom).saturating_sub(others)));
-    // What we hold less the part of a shortfall not yet covered by pins given back.
-    let hold_less = |shortfall: u64| snapshot.pinned_by_us.saturating_sub(shortfall.saturating_sub(snapshot.given_back_under_pressure));
-    if snapshot.available_ram < headroom {
-        terms.push((Term::Pressure, hold_less(headroom - snapshot.available_ram)));
+    if let Some(ceiling) = pressure {
+        terms.push((Term::Pressure, ceiling.bytes));
     }
 
     // The first smallest term wins; `terms` always holds OsCap and Headroom.
@@ -231,11 +235,7 @@ pub fn compute(snapshot: &MemorySnapshot, policy: &Policy) -> Budget {
             gib(others)
         ),
         Term::Headroom => format!("limited by headroom: {} must stay free", gib(headroom)),
-        Term::Pressure => format!(
-            "limited by memory pressure: only {} available, below the {} headroom",
-            gib(snapshot.available_ram),
-            gib(headroom)
-        ),
+        Term::Pressure => format!("limited by memory pressure: {}", pressure.map_or("", |p| p.reason.as_str())),
     };
     Budget {
         limit_bytes,
@@ -262,7 +262,6 @@ mod tests {
             swap_used: 0,
             container_limit: None,
             pinned_by_us: 0,
-            given_back_under_pressure: 0,
             pinned_by_others: 0,
             commit_limit: None,
             commit_available: None,
@@ -279,14 +278,14 @@ mod tests {
         snapshot.pinned_by_us = 8 * GIB;
         snapshot.commit_limit = Some(48 * GIB);
         snapshot.commit_available = Some(GIB);
-        let budget = compute(&snapshot, &Policy::from_user(0.0, 0.0, 4.0).unwrap());
+        let budget = compute(&snapshot, &Policy::from_user(0.0, 0.0, 4.0).unwrap(), None);
         assert_eq!(budget.excess_bytes, 0, "{budget:?}");
         assert!(!budget.under_pressure() && budget.limit_bytes >= 8 * GIB, "{budget:?}");
     }
 
     #[test]
     fn auto_on_a_32_gib_linux_box_is_bound_by_headroom() {
-        let budget = compute(&machine(32, 20), &Policy::default());
+        let budget = compute(&machine(32, 20), &Policy::default(), None);
         // 20% of 32 GiB = 6.4 GiB headroom.
         assert_eq!(budget.bound_by, Term::Headroom);
         assert_eq!(budget.headroom_bytes, 32 * GIB / 5);
@@ -297,7 +296,7 @@ mod tests {
     #[test]
     fn user_budget_binds_when_smallest() {
         let policy = Policy::from_user(8.0, 0.0, -1.0).unwrap();
-        let budget = compute(&machine(64, 50), &policy);
+        let budget = compute(&machine(64, 50), &policy, None);
         assert_eq!((budget.bound_by, budget.limit_bytes), (Term::User, 8 * GIB));
         assert_eq!(budget.reason, "limited by your budget: 8.0 GiB");
     }
@@ -307,7 +306,7 @@ mod tests {
         let mut snapshot = machine(64, 60);
         snapshot.os = Os::Windows;
         snapshot.pinned_by_others = 4 * GIB;
-        let budget = compute(&snapshot, &Policy::default());
+        let budget = compute(&snapshot, &Policy::default(), None);
         assert_eq!(budget.bound_by, Term::OsCap);
         assert_eq!(budget.limit_bytes, (64.0 * GIB as f64 * 0.4) as u64 - 4 * GIB);
     }
@@ -316,50 +315,52 @@ mod tests {
     fn container_limit_replaces_total_ram() {
         let mut snapshot = machine(128, 100);
         snapshot.container_limit = Some(16 * GIB);
-        let budget = compute(&snapshot, &Policy::default());
+        let budget = compute(&snapshot, &Policy::default(), None);
         assert_eq!(budget.headroom_bytes, 4 * GIB);
         assert_eq!(budget.limit_bytes, 12 * GIB);
     }
 
     #[test]
-    fn pressure_asks_for_bytes_back() {
-        let mut snapshot = machine(32, 1);
-        snapshot.pinned_by_us = 10 * GIB;
-        let policy = Policy::from_user(0.0, 0.0, 3.0).unwrap();
-        let budget = compute(&snapshot, &policy);
-        assert_eq!(budget.bound_by, Term::Pressure);
-        assert_eq!(budget.limit_bytes, 8 * GIB); // 2 GiB short of the 3 GiB headroom
-        assert_eq!((budget.room_bytes, budget.excess_bytes), (0, 2 * GIB));
+    fn available_ram_below_the_headroom_is_no_pressure() {
+        // The machine: a 7 GiB cgroup with swap, 648 MiB available, a 3.5 GiB headroom.
+        // Pinning the weights already in RAM takes no new memory: the budget is the headroom
+        // term, not "what we hold less the shortfall" (which pinned nothing there).
+        let mut snapshot = machine(64, 0);
+        (snapshot.container_limit, snapshot.available_ram) = (Some(7 * GIB), 648 << 20);
+        snapshot.pinned_by_us = 2 * GIB;
+        let budget = compute(&snapshot, &Policy::default(), None);
+        assert!(!budget.under_pressure(), "{budget:?}");
+        assert_eq!((budget.bound_by, budget.limit_bytes, budget.excess_bytes), (Term::Headroom, 7 * GIB - 7 * GIB / 2, 0));
     }
 
     #[test]
-    fn pins_given_back_under_pressure_cover_the_shortfall() {
-        let mut snapshot = machine(32, 1);
-        snapshot.pinned_by_us = 8 * GIB;
-        let policy = Policy::from_user(0.0, 0.0, 3.0).unwrap();
-        // 2 GiB short; 1.5 GiB given back already: half a GiB more, not 2 GiB again.
-        snapshot.given_back_under_pressure = 3 * GIB / 2;
-        let budget = compute(&snapshot, &policy);
+    fn the_pressure_ceiling_asks_for_bytes_back() {
+        let mut snapshot = machine(32, 20);
+        snapshot.pinned_by_us = 10 * GIB;
+        let ceiling = PressureCeiling { bytes: 8 * GIB, reason: "gave back 2.0 GiB at 12:04:31 UTC: the machine stalled 23% of the last 1.5 s".into() };
+        let budget = compute(&snapshot, &Policy::default(), Some(&ceiling));
         assert!(budget.under_pressure());
-        assert_eq!((budget.bound_by, budget.excess_bytes), (Term::Pressure, GIB / 2));
-        // Given back as much as the shortfall: nothing more to release, and no room to pin.
-        snapshot.given_back_under_pressure = 2 * GIB;
-        let budget = compute(&snapshot, &policy);
-        assert_eq!((budget.excess_bytes, budget.room_bytes), (0, 0));
-        assert!(!compute(&machine(32, 20), &policy).under_pressure());
+        assert_eq!((budget.bound_by, budget.limit_bytes), (Term::Pressure, 8 * GIB));
+        assert_eq!((budget.room_bytes, budget.excess_bytes), (0, 2 * GIB));
+        assert_eq!(budget.reason, "limited by memory pressure: gave back 2.0 GiB at 12:04:31 UTC: the machine stalled 23% of the last 1.5 s");
+        // A ceiling above another term does not bind, but is still listed.
+        let high = PressureCeiling { bytes: 30 * GIB, reason: String::new() };
+        let budget = compute(&snapshot, &Policy::default(), Some(&high));
+        assert_eq!(budget.bound_by, Term::Headroom);
+        assert!(budget.under_pressure());
     }
 
     #[test]
     fn share_of_ram() {
         let policy = Policy::from_user(0.0, 0.25, 0.0).unwrap();
-        let budget = compute(&machine(64, 60), &policy);
+        let budget = compute(&machine(64, 60), &policy, None);
         assert_eq!((budget.bound_by, budget.limit_bytes), (Term::User, 16 * GIB));
     }
 
     #[test]
     fn headroom_larger_than_ram_gives_zero() {
         let policy = Policy::from_user(0.0, 0.0, 100.0).unwrap();
-        let budget = compute(&machine(16, 10), &policy);
+        let budget = compute(&machine(16, 10), &policy, None);
         assert_eq!(budget.limit_bytes, 0);
     }
 
@@ -386,16 +387,18 @@ mod tests {
         fn budget_never_exceeds_any_term_nor_usable_ram(
             total in 1u64..(1 << 42), avail_frac in 0.0f64..1.0, us in 0u64..(1 << 40), others in 0u64..(1 << 40),
             container in proptest::option::of(1u64..(1 << 42)), budget_gib in 0.0f64..4096.0, headroom_gib in -1.0f64..64.0,
-            windows in any::<bool>(), given_back in 0u64..(1 << 40),
+            windows in any::<bool>(), ceiling in proptest::option::of(0u64..(1 << 42)),
         ) {
             let snapshot = MemorySnapshot {
                 total_ram: total, available_ram: (total as f64 * avail_frac) as u64, swap_total: 0, swap_used: 0,
-                container_limit: container, pinned_by_us: us, given_back_under_pressure: given_back, pinned_by_others: others,
+                container_limit: container, pinned_by_us: us, pinned_by_others: others,
                 commit_limit: None, commit_available: if windows { Some(total / 3) } else { None },
                 os: if windows { Os::Windows } else { Os::Linux },
             };
             let policy = Policy::from_user(budget_gib, 0.0, headroom_gib).unwrap();
-            let budget = compute(&snapshot, &policy);
+            let pressure = ceiling.map(|bytes| PressureCeiling { bytes, reason: String::new() });
+            let budget = compute(&snapshot, &policy, pressure.as_ref());
+            prop_assert_eq!(budget.under_pressure(), ceiling.is_some());
             for &(_, bytes) in &budget.terms { prop_assert!(budget.limit_bytes <= bytes); }
             prop_assert!(budget.limit_bytes <= snapshot.usable_ram());
             prop_assert_eq!(budget.room_bytes, budget.limit_bytes.saturating_sub(us));

@@ -3,7 +3,7 @@
 //! Layers, from the bottom:
 //! - `sys`: thin unsafe calls (CUDA driver through cudarc, mlock, /proc);
 //! - `backend`: safe backends behind one trait, and `Registration`, which unpins on drop;
-//! - `budget`, `plan`, `spans`, `memmap`, `cgroup`: pure logic, no I/O, unit- and property-tested;
+//! - `budget`, `pressure`, `plan`, `spans`, `memmap`, `cgroup`: pure logic, no I/O, unit- and property-tested;
 //! - `ledger`, `engine`, `status`: the live registrations, `reconcile`, the status snapshot;
 //! - `python`: the pyo3 module (thin), with the one mapping of errors to Python exceptions.
 //!
@@ -21,6 +21,7 @@ pub(crate) mod error;
 pub(crate) mod ledger;
 pub(crate) mod memmap;
 pub(crate) mod plan;
+pub(crate) mod pressure;
 pub(crate) mod spans;
 pub(crate) mod status;
 pub(crate) mod sys;

@@ -180,9 +180,10 @@ fn device_pointer(py: Python<'_>, addr: &Bound<'_, PyAny>) -> PyResult<u64> {
     guarded(py, || engine().device_pointer(addr))
 }
 
-/// Relieves memory pressure now: releases the lowest-priority pins if available RAM is below
-/// the headroom. Returns the bytes released. The caller picks a moment when no copy to the GPU
-/// can read them (ComfyUI's side: its execution thread, or while no prompt runs).
+/// Relieves memory pressure now: releases the lowest-priority pins above the budget (the
+/// pressure governor's ceiling while the machine stalls). Returns the bytes released. The
+/// caller picks a moment when no copy to the GPU can read them (ComfyUI's side: its execution
+/// thread, or while no prompt runs).
 #[pyfunction]
 fn relieve_pressure(py: Python<'_>) -> PyResult<u64> {
     guarded(py, || Ok(engine().relieve_pressure()))
@@ -313,8 +314,9 @@ fn _set_faults(fail_pin_nth: u64, fail_unpin_nth: u64, device_lost: bool) {
     engine().set_faults(Faults { fail_pin_nth, fail_unpin_nth, device_lost });
 }
 
-/// Releases low-priority pins while available RAM is below the headroom; twice a second
-/// (unless the caller took that over: `set_monitor_releases(False)`).
+/// Twice a second: one sample of the memory pressure for the governor (pressure.rs), then the
+/// pins above its ceiling released, lowest priority first (unless the caller took that over:
+/// `set_monitor_releases(False)`).
 fn start_pressure_monitor() {
     static STARTED: OnceLock<()> = OnceLock::new();
     STARTED.get_or_init(|| {

@@ -65,6 +65,36 @@ pub struct Paging {
     pub working_set_minimum: Option<u64>,
 }
 
+/// One move of the pressure governor: when (Unix seconds), how many bytes, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PressureEvent {
+    pub unix_time: f64,
+    /// Given back (0 for a take-back).
+    pub bytes: u64,
+    /// "the machine stalled 23% of the last 1.5 s"; for a take-back "calm for 31 s".
+    pub reason: String,
+}
+
+/// The pressure governor (pressure.rs): what it watches, what it sees, what it did.
+#[derive(Debug, Clone, Serialize)]
+pub struct PressureStatus {
+    /// Where the stall figures come from: "psi:/proc/pressure/memory" (the machine's),
+    /// "psi:cgroup" (our cgroup v2's memory.pressure); without PSI, "available-ram" (RAM
+    /// available plus free swap) or "windows-available-ram" (that, and the OS's low-memory level).
+    pub source: &'static str,
+    /// Shares of the last window in which some task, and every task, stalled for memory.
+    pub some_stalled: Option<f64>,
+    pub full_stalled: Option<f64>,
+    pub window_seconds: Option<f64>,
+    pub state: crate::pressure::State,
+    /// The ceiling on our pinned bytes; None: the pressure sets none.
+    pub ceiling_bytes: Option<u64>,
+    /// How long the pressure must stay low before the ceiling lifts.
+    pub hold_seconds: f64,
+    pub last_give_back: Option<PressureEvent>,
+    pub last_take_back: Option<PressureEvent>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct CudaStatus {
     pub available: bool,
@@ -94,6 +124,7 @@ pub struct Status {
     /// Whether the native pressure monitor releases pins from its own thread (false: the
     /// caller took relief over, ComfyUI's side does it where no copy can read the pages).
     pub monitor_releases: bool,
+    pub pressure: PressureStatus,
     pub paging: Paging,
     pub counters: Counters,
     pub release_failures: u64,

@@ -18,12 +18,13 @@ use crate::backend::faults::{FaultState, Faults, Faulty};
 use crate::backend::mapped::{MappedView, ViewHold};
 use crate::backend::oslock::OsLock;
 use crate::backend::{Backend, BackendChoice, BackendKind};
-use crate::budget::{self, Budget, MemorySnapshot, Os, Policy};
+use crate::budget::{self, Budget, MemorySnapshot, Os, Policy, PressureCeiling};
 use crate::cgroup;
 use crate::error::{Result, VikingError};
 use crate::ledger::{Entry, Keepalive, Ledger};
 use crate::plan::SkipSummary;
-use crate::status::Counters;
+use crate::pressure::{self, Action, Governor, StallTotals};
+use crate::status::{Counters, PressureEvent, PressureStatus};
 use crate::sys;
 
 /// What the caller wants pinned for one owner (one model).
@@ -83,8 +84,10 @@ struct State {
     events: Vec<String>,
     /// Bytes pinned by others in this process, as of the last reconcile (ours never counted).
     foreign_bytes: u64,
-    /// Pins released because of memory pressure since it began; 0 when there is none.
-    given_back_under_pressure: u64,
+    /// Whether the machine stalls for memory, and the ceiling on our pins that follows.
+    governor: Governor,
+    last_give_back: Option<PressureEvent>,
+    last_take_back: Option<PressureEvent>,
     /// (pswpin, pswpout) when the engine started, and at the last marked status.
     swaps_at_start: Option<(u64, u64)>,
     swaps_at_last_run: Option<(u64, u64)>,
@@ -120,29 +123,73 @@ impl State {
         self.cuda.is_some()
     }
 
-    /// The machine now, with what this engine holds and has given back.
+    /// The machine now, with what this engine holds.
     fn snapshot(&self) -> MemorySnapshot {
-        memory_snapshot(self.ledger.total_bytes(), self.foreign_bytes, self.given_back_under_pressure)
+        memory_snapshot(self.ledger.total_bytes(), self.foreign_bytes)
     }
 
-    /// The machine and the budget now; forgets what was given back once the pressure is over.
+    /// The machine and the budget now.
     fn budget(&mut self) -> (MemorySnapshot, Budget) {
         let snapshot = self.snapshot();
-        let budget = budget::compute(&snapshot, &self.policy);
-        if !budget.under_pressure() {
-            self.given_back_under_pressure = 0;
-        }
+        let budget = budget::compute(&snapshot, &self.policy, self.pressure_ceiling().as_ref());
         (snapshot, budget)
     }
 
-    /// Releases entries taken to bring the pins under `budget`; under pressure they count as
-    /// given back (see budget.rs). Returns the bytes.
-    fn give_back(&mut self, entries: Vec<Entry>, budget: &Budget) -> u64 {
-        let bytes = self.release(entries);
-        if budget.under_pressure() {
-            self.given_back_under_pressure += bytes;
+    /// The governor's ceiling, with the give-back that set it for the budget's reason:
+    /// "gave back 3.1 GiB at 12:04:31 UTC, the machine stalled 23% of the last 1.5 s".
+    fn pressure_ceiling(&self) -> Option<PressureCeiling> {
+        let bytes = self.governor.ceiling()?;
+        let why = self.governor.why().map(|why| why.describe()).unwrap_or_default();
+        let taken_back_at = self.last_take_back.as_ref().map_or(f64::MIN, |t| t.unix_time);
+        let reason = match &self.last_give_back {
+            Some(given) if given.unix_time >= taken_back_at => format!("gave back {} at {}, {why}", budget::gib(given.bytes), clock_time(given.unix_time)),
+            // The ceiling came down while we held nothing: nothing more is pinned meanwhile.
+            _ => why,
+        };
+        Some(PressureCeiling { bytes, reason })
+    }
+
+    /// The governor's part of the status.
+    fn pressure_status(&self) -> PressureStatus {
+        let reading = self.governor.reading();
+        let source = sys::pressure::source().name().unwrap_or(if Os::current() == Os::Windows { "windows-available-ram" } else { "available-ram" });
+        PressureStatus {
+            source,
+            some_stalled: reading.map(|r| r.some),
+            full_stalled: reading.map(|r| r.full),
+            window_seconds: reading.map(|r| r.window_ms as f64 / 1000.0),
+            state: self.governor.state(),
+            ceiling_bytes: self.governor.ceiling(),
+            hold_seconds: self.governor.hold_ms() as f64 / 1000.0,
+            last_give_back: self.last_give_back.clone(),
+            last_take_back: self.last_take_back.clone(),
         }
-        bytes
+    }
+
+    /// Feeds one sample to the governor; notes what it did in the events and the status.
+    fn observe_pressure(&mut self, at_ms: u64, stall: Option<StallTotals>, machine: &MemorySnapshot) {
+        let sample = pressure::Sample {
+            at_ms,
+            stall,
+            available_ram: machine.available_ram,
+            free_swap: machine.swap_total.saturating_sub(machine.swap_used),
+            usable_ram: machine.usable_ram(),
+            held_bytes: self.ledger.total_bytes(),
+            os: machine.os,
+        };
+        match self.governor.observe(&sample) {
+            Some(Action::GaveBack { bytes, why, .. }) => {
+                let reason = why.describe();
+                self.event(format!("memory pressure: giving back {}: {reason}", budget::gib(bytes)));
+                self.last_give_back = Some(PressureEvent { unix_time: unix_now(), bytes, reason });
+            }
+            Some(Action::TookBack { calm_ms }) => {
+                let reason = format!("calm for {:.0} s", calm_ms as f64 / 1000.0);
+                self.event(format!("memory pressure over ({reason}): pins may be made again"));
+                self.last_take_back = Some(PressureEvent { unix_time: unix_now(), bytes: 0, reason });
+            }
+            None => {}
+        }
     }
 
     /// Drops entries (unpins them, then frees their memory references) and counts them. A copy
@@ -202,10 +249,23 @@ pub struct Engine {
     /// Whether the pressure monitor releases pins itself (the default), or leaves that to the
     /// caller's `relieve_pressure()` at a moment no copy can read them (ComfyUI's side does).
     monitor_releases: AtomicBool,
+    /// The governor's clock (monotonic: a wall clock set back must not stop a hold).
+    started: std::time::Instant,
+}
+
+/// Seconds since the Unix epoch, for the status's times.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// "12:04:31 UTC" of a Unix time (the status carries the time itself; the panel shows it local).
+fn clock_time(unix_time: f64) -> String {
+    let seconds = unix_time.max(0.0) as u64 % 86_400;
+    format!("{:02}:{:02}:{:02} UTC", seconds / 3600, seconds / 60 % 60, seconds % 60)
 }
 
 /// The memory figures of this machine now, with our own and others' pinned bytes.
-fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64, given_back_under_pressure: u64) -> MemorySnapshot {
+fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64) -> MemorySnapshot {
     let mut system = sysinfo::System::new();
     system.refresh_memory();
     let total_ram = system.total_memory();
@@ -219,7 +279,6 @@ fn memory_snapshot(pinned_by_us: u64, pinned_by_others: u64, given_back_under_pr
         swap_used: system.used_swap(),
         container_limit: container.map(|c| c.limit),
         pinned_by_us,
-        given_back_under_pressure,
         pinned_by_others,
         commit_limit: commit.map(|c| c.0),
         commit_available: commit.map(|c| c.1),
@@ -244,7 +303,9 @@ impl Engine {
                 counters: Counters::default(),
                 events: Vec::new(),
                 foreign_bytes: 0,
-                given_back_under_pressure: 0,
+                governor: Governor::default(),
+                last_give_back: None,
+                last_take_back: None,
                 swaps_at_start: sys::os::swap_counters(),
                 swaps_at_last_run: sys::os::swap_counters(),
                 cuda_devicemap: true,
@@ -254,6 +315,7 @@ impl Engine {
             oslock: OsLock::new().ok().map(Arc::new),
             faults: Arc::new(FaultState::default()),
             monitor_releases: AtomicBool::new(true),
+            started: std::time::Instant::now(),
         }
     }
 
@@ -295,8 +357,10 @@ impl Engine {
         self.monitor_releases.store(on, Ordering::Relaxed);
     }
 
-    /// One round of the pressure monitor: relieves pressure unless the caller took that over.
+    /// One round of the pressure monitor: feeds the governor a sample, then gives back what
+    /// lies above its ceiling unless the caller took that over.
     pub fn monitor_round(&self) -> u64 {
+        self.observe_pressure();
         if self.monitor_releases.load(Ordering::Relaxed) {
             self.relieve_pressure()
         } else {
@@ -304,17 +368,24 @@ impl Engine {
         }
     }
 
-    /// Gives RAM back when available memory has fallen below the headroom while pins are held
-    /// (another process grew): releases the lowest-priority pins until the shortfall is covered.
-    /// Returns the bytes released.
+    /// One sample of the machine for the pressure governor. The files are read before the
+    /// engine's lock is taken: a pin or a status must not wait on them.
+    pub fn observe_pressure(&self) {
+        let stall = sys::pressure::stall_totals();
+        let machine = memory_snapshot(0, 0);
+        let at_ms = self.started.elapsed().as_millis() as u64;
+        self.lock().observe_pressure(at_ms, stall, &machine);
+    }
+
+    /// Gives back the pins above the budget (the pressure governor's ceiling, or a lowered
+    /// limit), lowest priority first. Returns the bytes released.
     pub fn relieve_pressure(&self) -> u64 {
         let mut state = self.lock();
         state.sweep_unviewed(); // the pins of forgotten owners whose last mapped view is gone
         if state.ledger.total_bytes() == 0 {
-            state.given_back_under_pressure = 0;
             return 0;
         }
-        let (snapshot, budget) = state.budget();
+        let (_, budget) = state.budget();
         if budget.excess_bytes == 0 {
             return 0;
         }
@@ -323,15 +394,14 @@ impl Engine {
         for entry in &taken {
             *by_owner.entry(entry.owner).or_default() += entry.len();
         }
-        let released = state.give_back(taken, &budget);
+        let released = state.release(taken);
         for (owner, bytes) in by_owner {
             let label = state.label_of(owner);
-            state.event(format!(
-                "memory pressure: released {} of '{label}' ({} available, below the {} headroom)",
-                budget::gib(bytes),
-                budget::gib(snapshot.available_ram),
-                budget::gib(budget.headroom_bytes)
-            ));
+            let text = match budget.reason.strip_prefix("limited by memory pressure: ") {
+                Some(why) if budget.bound_by == budget::Term::Pressure => format!("memory pressure: released {} of '{label}' ({why})", budget::gib(bytes)),
+                _ => format!("released {} of '{label}' ({})", budget::gib(bytes), budget.reason),
+            };
+            state.event(text);
         }
         released
     }

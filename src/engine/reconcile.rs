@@ -119,7 +119,8 @@ impl State {
     }
 
     /// Step 2: the budget now, and room made for this owner: pins given back when over budget
-    /// (pressure, a lowered limit), then lower-priority owners' pins if this owner needs them.
+    /// (the pressure governor's ceiling, a lowered limit), then lower-priority owners' pins if
+    /// this owner needs them. While the ceiling holds, nothing above it is pinned again.
     /// Returns the budget (room as it stands after), the bytes evicted per owner and the bytes
     /// released.
     fn make_room(&mut self, request: &Request) -> (Budget, BTreeMap<u64, u64>, u64) {
@@ -135,7 +136,7 @@ impl State {
         if budget.excess_bytes > 0 {
             let taken = self.ledger.take_lowest(budget.excess_bytes, i32::MAX);
             count_by_owner(&taken, &mut evicted);
-            released += self.give_back(taken, &budget);
+            released += self.release(taken);
         }
         let wanted_bytes = spans::union_bytes(&wanted_spans(request));
         let missing = wanted_bytes.saturating_sub(self.ledger.owner_bytes(request.owner));

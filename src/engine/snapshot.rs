@@ -66,7 +66,8 @@ impl Engine {
         let pins: Vec<(u64, u64, u64, bool)> =
             state.ledger.entries().map(|e| (e.owner, e.addr(), e.len(), e.registration.pending())).collect();
         let pinned_bytes = state.ledger.total_bytes();
-        let (pinned_by_others, given_back) = (state.foreign_bytes, state.given_back_under_pressure);
+        let pinned_by_others = state.foreign_bytes;
+        let (pressure_ceiling, pressure) = (state.pressure_ceiling(), state.pressure_status());
         let (policy, counters, events) = (state.policy, state.counters, state.events.clone());
         let (swaps_at_start, swaps_at_last_run) = (state.swaps_at_start, state.swaps_at_last_run);
         let swaps_now = sys::os::swap_counters();
@@ -106,7 +107,7 @@ impl Engine {
             }
         }
 
-        let memory = super::memory_snapshot(pinned_bytes, pinned_by_others, given_back);
+        let memory = super::memory_snapshot(pinned_bytes, pinned_by_others);
         let delta = |then: Option<(u64, u64)>, pick: fn((u64, u64)) -> u64| -> Option<u64> {
             Some(pick(swaps_now?).saturating_sub(pick(then?)) * page)
         };
@@ -126,7 +127,7 @@ impl Engine {
         let (release_failures, last_release_error) = backend::release_failures();
         Status {
             version: env!("CARGO_PKG_VERSION"),
-            budget: budget::compute(&memory, &policy),
+            budget: budget::compute(&memory, &policy, pressure_ceiling.as_ref()),
             memory,
             policy,
             pinned_bytes,
@@ -137,6 +138,7 @@ impl Engine {
             os_lock_available,
             os_lock_limit_bytes: crate::sys::os::lock_limit(),
             monitor_releases: self.monitor_releases.load(std::sync::atomic::Ordering::Relaxed),
+            pressure,
             paging,
             counters,
             release_failures,

@@ -482,3 +482,60 @@ fn a_cuda_registration_has_a_device_address_that_a_view_holds() {
     // The registration is gone: the driver no longer knows the address.
     assert!(cuda.device_pointer(a).is_err());
 }
+
+/// The pressure governor's ceiling, wired through the engine: a stall gives pins back (lowest
+/// priority first) with a reason that says when and why, reconcile pins nothing above the
+/// ceiling while it holds, and pins again once the hold has passed in calm.
+#[test]
+fn the_pressure_ceiling_gives_back_holds_and_lifts() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if !may_lock_mib("the_pressure_ceiling_gives_back_holds_and_lifts", 24) {
+        return;
+    }
+    let engine = Engine::new();
+    engine.configure(Policy::from_user(0.0, 0.0, 0.0).unwrap(), 0, None).unwrap();
+    let (a, keep_a) = buffer(16 * MIB);
+    let (b, keep_b) = buffer(8 * MIB);
+    let low = vec![(a, 16 * MIB as u64, keep_a)];
+    let high = vec![(b, 8 * MIB as u64, keep_b)];
+    assert_eq!(engine.reconcile(request(1, 0, low.clone())).unwrap().pinned_bytes, 16 * MIB as u64);
+    assert_eq!(engine.reconcile(request(2, 5, high.clone())).unwrap().pinned_bytes, 8 * MIB as u64);
+    // A machine with RAM to spare: only the stall figures speak.
+    let machine = MemorySnapshot { available_ram: 8 << 30, swap_total: 8 << 30, swap_used: 0, ..memory_snapshot(0, 0) };
+    let feed = |from_ms: u64, to_ms: u64, share: f64, totals: &mut u64| {
+        for at_ms in (from_ms..=to_ms).step_by(500) {
+            *totals += (share * 500_000.0) as u64;
+            engine.lock().observe_pressure(at_ms, Some(StallTotals { some_us: *totals, full_us: *totals }), &machine);
+        }
+    };
+    let mut totals = 0;
+    feed(0, 2_000, 0.0, &mut totals);
+    assert_eq!(engine.status(false, false).pressure.state, pressure::State::Calm);
+    // The machine stalls 40% of the time: the ceiling comes down by at least 256 MiB, to 0.
+    feed(2_500, 3_500, 0.4, &mut totals);
+    assert_eq!(engine.relieve_pressure(), 24 * MIB as u64);
+    let status = engine.status(false, false);
+    assert_eq!((status.pressure.state, status.pressure.ceiling_bytes, status.pinned_bytes), (pressure::State::Stalling, Some(0), 0));
+    let given = status.pressure.last_give_back.clone().expect("a give-back in the status");
+    assert_eq!(given.bytes, 24 * MIB as u64);
+    // The first window that shows it: one stalled half second in the last second.
+    assert_eq!(given.reason, "the machine stalled 20% of the last 1.0 s");
+    assert!(status.budget.reason.starts_with("limited by memory pressure: gave back 24.0 MiB at "), "{}", status.budget.reason);
+    assert!(status.budget.reason.ends_with(" UTC, the machine stalled 20% of the last 1.0 s"), "{}", status.budget.reason);
+    let released: Vec<&String> = status.events.iter().filter(|e| e.starts_with("memory pressure: released")).collect();
+    assert!(released.len() == 2 && released[0].contains("'model 1'") && released[1].contains("'model 2'"), "{released:?}");
+    // While the ceiling holds, a reconcile pins nothing.
+    let held = engine.reconcile(request(2, 5, high.clone())).unwrap();
+    assert_eq!((held.pinned_bytes, held.budget.bound_by), (0, budget::Term::Pressure), "{held:?}");
+    // Calm, but not for the hold yet: still nothing.
+    feed(4_000, 30_000, 0.0, &mut totals);
+    assert_eq!(engine.status(false, false).pressure.state, pressure::State::Holding);
+    assert_eq!(engine.reconcile(request(2, 5, high.clone())).unwrap().pinned_bytes, 0);
+    // Calm for the hold: the ceiling lifts and the next reconcile pins again.
+    feed(30_500, 40_000, 0.0, &mut totals);
+    let status = engine.status(false, false);
+    assert_eq!((status.pressure.state, status.pressure.ceiling_bytes), (pressure::State::Calm, None));
+    assert!(status.pressure.last_take_back.is_some());
+    assert_eq!(engine.reconcile(request(2, 5, high)).unwrap().pinned_bytes, 8 * MIB as u64);
+    engine.release_all();
+}

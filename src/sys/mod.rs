@@ -3,3 +3,4 @@
 
 pub mod cuda;
 pub mod os;
+pub mod pressure;
