@@ -3,7 +3,7 @@
 # the swap, container and page-lock benches), stamped with this checkout's commit into
 # bench/results/, and the docs rendered from them (scripts/figures.py).
 #
-#   bash scripts/cpu_figures.sh            # every step below, in order (about 40 minutes on 2 cores)
+#   bash scripts/cpu_figures.sh            # every step below, in order (about an hour on 2 cores)
 #   bash scripts/cpu_figures.sh STEP...    # some of them
 #
 # STEPs and the result files they write:
@@ -14,7 +14,7 @@
 #   watcher     watcher_gc_cpu.json, watch_rate_cpu.json
 #   stall       status_stall_cpu.json, status_stall_one_pass_cpu.json
 #   benches     plan.json, maps_parse.json        cargo bench
-#   ramshort    ram_short_cpu.json                a machine short of RAM (once bench/ram_short.py exists)
+#   ramshort    ram_short_cpu.json                a machine short of RAM, 16 GB profile (about 25 minutes)
 # Probes that compare with another commit (events, watcher, stall) take the baseline commit the
 # current result file names, checked out beside (git worktree) and removed after.
 set -euo pipefail
@@ -102,7 +102,7 @@ step_benches() {
 }
 step_ramshort() {
     if [[ ! -e bench/ram_short.py ]]; then echo "[cpu_figures] ramshort: bench/ram_short.py is not here yet, skipped"; return 0; fi
-    measure ram_short_cpu.json $COMFY_PY bench/ram_short.py "$WORK/ram_short_cpu.json"
+    measure ram_short_cpu.json $VENV bench/ram_short.py --profile 16gb --out "$WORK/ram_short_cpu.json"
 }
 
 ALL_STEPS=(swap coldstart container events watcher stall benches ramshort)

@@ -307,7 +307,8 @@ def ram_short_table(data):
         for prompt in run["prompts"]:
             kinds.setdefault(prompt["kind"], []).append(prompt["seconds"])
         for kind, seconds in kinds.items():
-            rows.append([run["mode"], number(run.get("comfy")), kind, f"{statistics.median(seconds):.2f} s",
+            comfy = run.get("comfy")
+            rows.append([run["mode"], ", ".join(map(str, comfy.values())) if isinstance(comfy, dict) else number(comfy), kind, f"{statistics.median(seconds):.2f} s",
                          f"{gigabytes(run.get('swap_in_bytes'))} / {gigabytes(run.get('swap_out_bytes'))}",
                          gigabytes(run.get("file_read_bytes")), number(run.get("oom_kills")),
                          f"{number(run.get('neighbour', {}).get('p95_ms'))} ms", f"{number(run.get('psi_full_us'))} us"])
@@ -550,7 +551,8 @@ def ram_short_row(data, name):
         return statistics.median(p["seconds"] for p in run["prompts"] if p["kind"] == kind)
     kinds = [p["kind"] for p in alone["prompts"]]
     kind = next((k for k in kinds if "switch" in k), next((k for k in kinds if k != kinds[0]), kinds[0]))
-    return [setup, what, f"the prompt {kind if kind.startswith('after') else 'of kind ' + kind}: "
+    label = kind.replace("_", " ")
+    return [setup, what, f"the prompt {label if label.startswith('after') else 'of kind ' + label}: "
                          f"**{speed(median(alone, kind), median(pinned, kind))}** (`{name}`)"]
 
 
