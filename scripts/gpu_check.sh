@@ -56,6 +56,8 @@
 #               Pin Model (output nodes), the Pin Model as plain nodes (as before), a clone node,
 #               the clone as an output node, engine mode (bench/probes/node_times.py; the cold
 #               start that was 1.13x with the Pin Model as a plain node)
+#   zerocopy    Pin CLIP's zero-copy embeddings: mapped-view and real-server GPU tests, then
+#               bench/zero_copy.py (encoder VRAM, encode time, a prompt in short VRAM; bit-identical)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -157,6 +159,18 @@ server_part() {  # NAME PYTEST_FILTER
 part_servers375() { server_part servers375 "0.3.75 and not dynamic"; }
 part_servers033() { server_part servers033 "not dynamic and 0.33"; }
 part_servers033dyn() { server_part servers033dyn "dynamic and 0.33"; }
+
+# Zero-copy token embeddings (issue 60): the mapped-view and real-server GPU tests, then the
+# bench (a Llama 3.1 8B-shaped encoder's 1.05 GB table: VRAM, encode time, a prompt in short VRAM);
+# a Rust test binary carried in .gpu/rust (cargo test --no-run here) checks the device address.
+part_zerocopy() {
+    for binary in .gpu/rust/viking_engine-*; do
+        [[ -x "$binary" ]] && "$binary" --test-threads=1 a_cuda_registration a_pin_a_mapped_view 2>&1 | tail -5
+    done
+    VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -s -p no:cacheprovider tests/test_zero_copy.py -k "not cpu_server" 2>&1 \
+        | tee "$OUT/zero_copy_tests.log" | tail -30
+    python3 bench/zero_copy.py .comfy/ComfyUI "$OUT/zero_copy_gpu.json" 2>&1 | tail -40
+}
 
 part_home() {
     python3 tests/home_check.py .comfy/ComfyUI "$OUT/gpu_home_timing.json" --parts timing,alternate --reps 3 --switches 4 2>&1 | tail -20
@@ -330,12 +344,14 @@ all_calls() {
     fi
     local call="${ALL_CALLS[$(($1 - 1))]:-}"
     [[ -n "$call" ]] || { echo "[gpu_check] no call $1: there are ${#ALL_CALLS[@]}" >&2; return 2; }
-    { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
-      python3 -c 'import torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")'; } 2>/dev/null \
-        | paste -sd ', ' > "$OUT/device.txt" || true
+    # The machine, as bench/stamp.py records it: "NVIDIA H100 80GB HBM3, driver 580.159.04, torch ..., CUDA 13".
+    local gpu torch_version
+    gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 | sed 's/, /, driver /' || true)"
+    torch_version="$(python3 -c 'import torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")' 2>/dev/null || true)"
+    echo "${gpu:-a GPU machine}, ${torch_version:-torch not found}" > "$OUT/device.txt"
     echo "$1: $call" > "$OUT/call.txt"
     # shellcheck disable=SC2086
-    "$0" $call
+    bash scripts/gpu_check.sh $call  # (the script cd'ed to the repository root)
 }
 
 # Here, on what a call brought back: each result file is stamped with this checkout's commit
@@ -379,5 +395,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 all [N] | collect DIR N | carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|staticgc|statusstall|staticvram|staticorder|staticbreak|twocold]..." >&2; exit 2 ;;
+    *) echo "usage: $0 all [N] | collect DIR N | carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|staticgc|statusstall|staticvram|staticorder|staticbreak|twocold|zerocopy]..." >&2; exit 2 ;;
 esac
