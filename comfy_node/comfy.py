@@ -773,3 +773,49 @@ def mapped_storage_spans(patcher) -> list[tuple[int, int]]:
             seen.add(storage.data_ptr())
             spans.append((storage.data_ptr(), storage.nbytes()))
     return spans
+
+
+# ---- Zero-copy embeddings (zero_copy.py): a table's weight read in place from pinned RAM ----
+
+def index_read_modules(patcher) -> list:
+    """(name, module) of the modules whose weight ComfyUI reads only by index (token-embedding
+    tables: torch.nn.Embedding and comfy.ops' subclasses), whose weight is still a parameter."""
+    import torch
+
+    return [(name, module) for name, module in patcher.model.named_modules()
+            if isinstance(module, torch.nn.Embedding) and isinstance(module._parameters.get("weight"), torch.nn.Parameter)]
+
+
+def module_weight(module):
+    return module.weight
+
+
+def weight_patched(patcher, key: str) -> bool:
+    """Whether a LoRA-style or hook patch applies to this weight (then ComfyUI's own path reads it)."""
+    return (key in (getattr(patcher, "patches", {}) or {}) or key in hook_patched_keys(patcher)
+            or key in (getattr(patcher, "weight_wrapper_patches", {}) or {}) or bool(getattr(patcher, "hook_patches", None)))
+
+
+def read_weight_in_place(module, tensor):
+    """The module reads `tensor` (a CUDA view of its pinned weight) in place of its parameter:
+    no longer a parameter, ComfyUI's loads neither count nor move nor cast it. Returns the
+    parameter, for `read_weight_from_parameter`."""
+    parameter = module._parameters.pop("weight")
+    object.__setattr__(module, "weight", tensor)
+    return parameter
+
+
+def read_weight_from_parameter(module, parameter, tensor) -> bool:
+    """Undoes `read_weight_in_place`, if the module still reads `tensor` (ComfyUI's patching may
+    have put a parameter of its own there since: then that one stays). Returns whether it did."""
+    if module.__dict__.get("weight") is not tensor:
+        return False
+    del module.__dict__["weight"]
+    module._parameters["weight"] = parameter
+    return True
+
+
+def forget_model_size(patcher):
+    """ComfyUI caches a model's size (ModelPatcher.size): measured again at the next load."""
+    if hasattr(patcher, "size"):
+        patcher.size = 0

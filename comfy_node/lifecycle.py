@@ -20,7 +20,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING
 
-from . import comfy, dynamic, gate, home, models, prefetch, shared_settings, timing, vram_cap
+from . import comfy, dynamic, gate, home, models, prefetch, shared_settings, timing, vram_cap, zero_copy
 from . import native as native_module
 from .models import ModelRecord, PinSettings
 from .native import require
@@ -623,6 +623,7 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status
         entry["prefetch"] = prefetch.summary(record) if record is not None else None
         entry["notes"] = list(record.notes) if record is not None else []
         entry["weights"] = dict(record.weight_kinds) if record is not None else {}
+        entry["zero_copy"] = zero_copy.summary().get(str(entry["owner"]))
         report = (record.last_report if record is not None else None) or {}
         entry["standing_aside"] = report.get("standing_aside")
         patcher = record.live_patcher() if record is not None else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from . import comfy, gate, lifecycle
+from . import comfy, gate, lifecycle, zero_copy
 from .native import require
 from .report import human, status_text
 from .spec import ALWAYS, Input, NodeSpec, Output, Result
@@ -34,7 +34,7 @@ SETTINGS_INPUTS = [
 
 def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float, backend: str, priority: int,
          pinned_home: bool = True, vram_cap_gib: float = 0.0, prefetch: bool = True,
-         file_residency: bool = True) -> Result:
+         file_residency: bool = True, zero_copy_tables: bool = False) -> Result:
     native = require()
     gate.note_execution_thread()  # ComfyUI runs nodes on its execution thread
     for name, number in (("budget_gib", budget_gib), ("headroom_gib", headroom_gib), ("vram_cap_gib", vram_cap_gib)):
@@ -67,6 +67,8 @@ def _pin(node_id: str, kind: str, value, budget_gib: float, headroom_gib: float,
     except native.BackendUnavailableError as error:
         lifecycle.unpin(patcher)
         raise RuntimeError(f"{error}. Choose backend 'auto' or 'os-lock' on this machine.") from error
+    if not report.get("standing_aside"):
+        notes += zero_copy.apply(patcher, bool(zero_copy_tables))
     return Result((output,), _pin_text(report, notes, int(float(budget_gib) * 2**30)))
 
 
@@ -109,6 +111,13 @@ FILE_RESIDENCY = Input("file_residency", "BOOLEAN", default=True, optional=True,
                                "weights ComfyUI does not stage) locked in RAM, within the budget, so memory pressure cannot force "
                                "re-reads from disk. Costs RAM equal to those pages. Off: ComfyUI's own staging only.")
 
+ZERO_COPY = Input("zero_copy_embeddings", "BOOLEAN", default=False, optional=True, advanced=True,  # optional and last: saved graphs stay valid
+                  tooltip="NVIDIA GPU, static mode (--disable-dynamic-vram, or ComfyUI 0.3.x): the token-embedding tables "
+                          "(read only by index) stay in pinned RAM and the GPU reads the rows a prompt needs in place, so they "
+                          "take no VRAM. Use it with a large-vocabulary text encoder (Llama, Qwen: about 1 GB of table) when "
+                          "VRAM is short beside the diffusion model. Off where a LoRA patches the table, on the CPU and "
+                          "in dynamic VRAM mode (the status says why).")
+
 
 def _status(node_id: str, after=None) -> Result:
     status = lifecycle.status(probe_cuda=True, mark_run=True)
@@ -121,27 +130,30 @@ def _unpin(node_id: str, model=None, clip=None, vae=None, everything: bool = Fal
     if everything:
         released = lifecycle.unpin(None)
         return Result((), f"Released every Viking pin: {human(released)}")
+        zero_copy.restore_all()  # the tables become parameters again before their pins go
     released, names = 0, []
     for kind, value in (("MODEL", model), ("CLIP", clip), ("VAE", vae)):
         if value is not None:
             released += lifecycle.unpin(comfy.patcher_of(value, kind))
             names.append(kind)
+            zero_copy.restore(comfy.patcher_of(value, kind))
     if not names:
         return Result((), "Nothing to unpin: connect a MODEL, CLIP or VAE, or switch 'everything' on.")
     return Result((), f"Released {human(released)} pinned for the {', '.join(names)}")
 
 
-def _pin_spec(node_id: str, kind: str, display: str, description: str, extra_inputs=()) -> NodeSpec:
+def _pin_spec(node_id: str, kind: str, display: str, description: str, extra_inputs=(), last_inputs=()) -> NodeSpec:
     name = kind.lower()
     return NodeSpec(
         node_id=node_id,
         display_name=display,
         description=description,
-        inputs=[Input(name, kind)] + SETTINGS_INPUTS + list(extra_inputs) + [FILE_RESIDENCY],
+        inputs=[Input(name, kind)] + SETTINGS_INPUTS + list(extra_inputs) + [FILE_RESIDENCY] + list(last_inputs),
         outputs=[Output(kind, kind)],
         run=lambda node_id, **i: _pin(node_id, kind, i[name], i["budget_gib"], i["headroom_gib"], i["backend"],
                                       i["priority"], i.get("pinned_home", True), i.get("vram_cap_gib", 0.0),
-                                      i.get("prefetch", True), i.get("file_residency", True)),
+                                      i.get("prefetch", True), i.get("file_residency", True),
+                                      i.get("zero_copy_embeddings", False)),
         # Cached like any node, but re-run after a Viking Unpin so the model is pinned again.
         fingerprint=lifecycle.unpin_generation,
         # ComfyUI runs output nodes, and the nodes that feed them, first (ux_friendly_pick_node).
@@ -163,7 +175,8 @@ SPECS = [
               extra_inputs=[VRAM_CAP, PREFETCH]),
     _pin_spec("VikingPinCLIP", "CLIP", "Viking Pin CLIP",
               "Memory: keeps the text encoder's weights that sit in RAM page-locked (never swapped out), within the RAM "
-              "budget, as Viking Pin Model does for the diffusion model."),
+              "budget, as Viking Pin Model does for the diffusion model.",
+              last_inputs=[ZERO_COPY]),
     _pin_spec("VikingPinVAE", "VAE", "Viking Pin VAE",
               "Memory: keeps the VAE's weights that sit in RAM page-locked (never swapped out), within the RAM budget, "
               "as Viking Pin Model does for the diffusion model."),
