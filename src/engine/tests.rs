@@ -76,7 +76,7 @@ fn reconcile_pins_releases_and_is_idempotent() {
     let ranges = vec![(a, 8 * UNIT as u64, keep_a.clone()), (b, 8 * UNIT as u64, keep_b.clone())];
     let report = engine.reconcile(request(1, 0, ranges.clone())).unwrap();
     assert_eq!(report.newly_pinned_bytes, 16 * UNIT as u64, "{report:?}");
-    assert!(locked_kib() >= before + (16 * UNIT >> 10) as u64);
+    assert!(locked_kib() >= before + ((16 * UNIT) >> 10) as u64);
     // Twice: nothing new.
     let again = engine.reconcile(request(1, 0, ranges)).unwrap();
     assert_eq!((again.newly_pinned_bytes, again.released_bytes, again.pinned_bytes), (0, 0, 16 * UNIT as u64));
@@ -161,7 +161,7 @@ fn injected_faults_leave_a_consistent_ledger() {
     let report = engine.reconcile(request(1, 0, ranges())).unwrap();
     assert_eq!((report.regions_registered, report.failures.len()), (2, 1), "{report:?}");
     assert_eq!(report.pinned_bytes, 8 * UNIT as u64);
-    assert!(locked_kib() - before >= (8 * UNIT >> 10) as u64 && locked_kib() - before < (12 * UNIT >> 10) as u64);
+    assert!(locked_kib() - before >= ((8 * UNIT) >> 10) as u64 && locked_kib() - before < ((12 * UNIT) >> 10) as u64);
     assert_eq!(engine.lock().counters.failures, 1);
 
     // The next unpin fails: that memory stays pinned, so its keepalive is kept for good.
@@ -256,7 +256,7 @@ fn read_only_file_pages_are_locked_off_the_callers_thread() {
     let report = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
     assert_eq!((report.pinned_bytes, report.newly_pinned_bytes), (len, len), "held at once: {report:?}");
     assert!(engine.settle(std::time::Duration::from_secs(30)));
-    assert!(locked_kib() >= before + (16 * UNIT >> 10) as u64, "locked by the worker");
+    assert!(locked_kib() >= before + ((16 * UNIT) >> 10) as u64, "locked by the worker");
     assert_eq!(engine.status(false, false).pending_bytes, 0);
     assert_eq!(engine.release_owner(1), len);
     assert!(locked_kib() <= before + 8, "unlocked on release");
@@ -274,7 +274,7 @@ fn read_only_file_pages_are_locked_off_the_callers_thread() {
     let again = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
     assert_eq!((again.failures.len(), again.newly_pinned_bytes, again.pinned_bytes), (1, len, len), "{again:?}");
     assert!(engine.settle(std::time::Duration::from_secs(30)));
-    assert!(locked_kib() >= before + (16 * UNIT >> 10) as u64);
+    assert!(locked_kib() >= before + ((16 * UNIT) >> 10) as u64);
     let counters = engine.lock().counters;
     assert_eq!((counters.registrations, counters.failures), (2, 1), "a failed lock counts as a failure, not a registration");
 
@@ -427,8 +427,8 @@ fn a_private_file_mapping_is_locked_as_its_file_pages_without_a_copy() {
     assert!(engine.settle(std::time::Duration::from_secs(30)), "locked off the caller's thread");
     let owner = &engine.status(false, false).owners[0];
     assert_eq!(owner.file_page_bytes, len, "held through a view");
-    assert!(locked_kib() >= locked_before + (16 * UNIT >> 10) as u64, "locked");
-    assert!(anon_kib() < anon_before + (4 * UNIT >> 10) as u64, "copied: RssAnon {} -> {} KiB", anon_before, anon_kib());
+    assert!(locked_kib() >= locked_before + ((16 * UNIT) >> 10) as u64, "locked");
+    assert!(anon_kib() < anon_before + ((4 * UNIT) >> 10) as u64, "copied: RssAnon {} -> {} KiB", anon_before, anon_kib());
     // SAFETY: each address is inside the readable 32 MiB mapping (`addr + len` stays below its
     // end), which `keep` holds mapped.
     let seen: Vec<u8> = (0..len as usize / 4096).map(|page| unsafe { *((addr + page as u64 * 4096) as *const u8) }).collect();
@@ -450,7 +450,7 @@ fn a_private_file_mapping_is_locked_as_its_file_pages_without_a_copy() {
     let report = engine.reconcile(request(1, 0, vec![(addr, len, keep.clone())])).unwrap();
     assert_eq!(report.pinned_bytes, len, "{report:?}");
     assert_eq!(engine.status(false, false).owners[0].file_page_bytes, 0, "locked itself");
-    assert!(locked_kib() >= locked_before + (16 * UNIT >> 10) as u64);
+    assert!(locked_kib() >= locked_before + ((16 * UNIT) >> 10) as u64);
     engine.release_all();
     assert!(locked_kib() <= locked_before + 8);
     drop(keep);
