@@ -29,7 +29,8 @@ TABLE_BEGIN = "<!-- figures: rendered by scripts/figures.py from bench/results/;
 TABLE_END = "<!-- figures: end -->"
 
 # --- What each benchmark exercises -------------------------------------------------------------
-# Git pathspecs. The Rust core every figure runs through: the engine, the budget and its reading
+# Files and folders, or ":(exclude)" ones (the most specific entry decides: exercises()). The
+# Rust core every figure runs through: the engine, the budget and its reading
 # of the machine (sys/os.rs also reads /proc/meminfo and the cgroup files for every budget), the
 # plan and the status. The two backends are apart: a change to the OS lock does not age a
 # figure that pinned through CUDA only, nor the reverse. Unit tests change no figure.
@@ -54,7 +55,7 @@ CPU_BENCH = RUST_CORE + OS_LOCK
 class Benchmark:
     file: str
     title: str
-    paths: list          # what it exercises (git pathspecs)
+    paths: list          # what it exercises (files and folders; exercises() reads them)
     remeasure: str       # the command that measures it again
     table: Optional[Callable] = None  # data -> (header, rows); None: every figure of the file
     notes: list = field(default_factory=list)
@@ -466,7 +467,7 @@ def older_than_their_code(results=RESULTS, repo=REPO, benchmarks=None):
     if git(repo, "rev-parse", "HEAD").returncode != 0:
         raise AgeUnknown("no git history here: the age of the result files cannot be checked")
     shallow = git(repo, "rev-parse", "--is-shallow-repository").stdout.strip() == "true"
-    older = {}
+    older, changed = {}, {}
     for name, bench in benchmarks.items():
         if not (results / name).exists():
             continue
@@ -476,10 +477,26 @@ def older_than_their_code(results=RESULTS, repo=REPO, benchmarks=None):
                 raise AgeUnknown(f"commit {commit} ({name}) is not in this shallow clone: ages cannot be checked")
             older[name] = commit  # never in the project's history: nothing shows it measured this code
             continue
-        existing = [p for p in bench.paths if p.startswith(":") or (repo / p).exists()]
-        if git(repo, "diff", "--quiet", commit, "--", *existing).returncode != 0:
+        if commit not in changed:
+            changed[commit] = git(repo, "diff", "--name-only", "--no-renames", commit).stdout.split()
+        if any(exercises(bench.paths, path) for path in changed[commit]):
             older[name] = commit
     return older
+
+
+def exercises(declared, path):
+    """Whether a benchmark that declares `declared` exercises the file `path`: the most specific
+    entry that covers it decides (a file or folder, or ":(exclude)" one), and where an exclusion
+    and an inclusion name the same path the inclusion wins. So RUST_CORE's exclusion of the OS
+    lock keeps it out of a CUDA figure, while OS_LOCK, declared beside it, brings it back."""
+    best = None  # (length of the entry, whether it includes)
+    for entry in declared:
+        include = not entry.startswith(":(exclude)")
+        name = entry if include else entry[len(":(exclude)"):]
+        if path == name or path.startswith(name.rstrip("/") + "/"):
+            rank = (len(name), include)
+            best = rank if best is None or rank > best else best
+    return best is not None and best[1]
 
 
 # --- Rendering -----------------------------------------------------------------------------------

@@ -88,23 +88,34 @@ def git(repo, *args):
 
 
 def test_a_figure_ages_only_with_the_code_its_benchmark_declares(tmp_path):
-    """A change to the OS lock ages a figure that ran the OS lock, not one that pinned through CUDA."""
+    """A change to the OS lock ages a figure that ran the OS lock, not one that pinned through
+    CUDA; a unit test's change ages none; a change to the core ages both."""
     repo, results = tmp_path / "repo", tmp_path / "repo" / "results"
-    (repo / "src" / "backend").mkdir(parents=True)
+    files = ["src/lib.rs", "src/backend/oslock.rs", "src/backend/cuda.rs", "src/engine/tests.rs"]
+    for name in files:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("// one\n")
     results.mkdir()
-    for name in ("oslock.rs", "cuda.rs"):
-        (repo / "src" / "backend" / name).write_text("// one\n")
     git(repo, "init", "-q")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    declared = {name: figures.Benchmark(name, name, paths, "") for name, paths in
-                (("cuda.json", ["src/backend/cuda.rs"]), ("oslock.json", ["src/backend/oslock.rs"]))}
+    declared = {"cuda.json": figures.Benchmark("cuda.json", "", figures.RUST_CORE + figures.CUDA, ""),
+                "oslock.json": figures.Benchmark("oslock.json", "", figures.RUST_CORE + figures.OS_LOCK, "")}
     for name in declared:
         (results / name).write_text(json.dumps({"commit": commit}))
+
+    def older_after_changing(name):
+        (repo / name).write_text("// two\n")
+        try:
+            return set(figures.older_than_their_code(results, repo, declared))
+        finally:
+            (repo / name).write_text("// one\n")
     assert figures.older_than_their_code(results, repo, declared) == {}
-    (repo / "src" / "backend" / "oslock.rs").write_text("// two\n")
-    assert figures.older_than_their_code(results, repo, declared) == {"oslock.json": commit}
+    assert older_after_changing("src/backend/oslock.rs") == {"oslock.json"}
+    assert older_after_changing("src/backend/cuda.rs") == {"cuda.json"}
+    assert older_after_changing("src/engine/tests.rs") == set()
+    assert older_after_changing("src/lib.rs") == {"cuda.json", "oslock.json"}
 
 
 def test_no_user_doc_carries_a_commit_but_the_rendered_page():
