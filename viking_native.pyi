@@ -68,7 +68,9 @@ def cuda_device_count() -> int: ...
 def device_pointer(addr: int) -> int: ...
 def gib_to_bytes(name: str, gib: float) -> int:
     """The one rule for sizes in GiB: 0 to 1048576; ValueError naming `name` otherwise."""
-def relieve_pressure() -> int: ...
+def relieve_pressure() -> int:
+    """Gives back the pins above the budget (the pressure governor's ceiling while the machine
+    stalls), lowest priority first; returns the bytes. The monitor thread samples the pressure."""
 def map_file(fd: int, offset: int, length: int) -> "FileView":
     """A read-only view sharing the cached pages of [offset, offset+length) of the open file
     `fd` (a file descriptor; on Windows a file HANDLE) (offset page aligned); ValueError when

@@ -63,7 +63,6 @@ class Memory(TypedDict):
     swap_used: int
     container_limit: Optional[int]
     pinned_by_us: int
-    given_back_under_pressure: int
     pinned_by_others: int
     commit_limit: Optional[int]
     commit_available: Optional[int]
@@ -122,6 +121,28 @@ class Counters(TypedDict):
     failures: int
 
 
+class PressureEvent(TypedDict):
+    unix_time: float
+    bytes: int  # given back (0 for a take-back)
+    reason: str  # "the machine stalled 23% of the last 1.5 s"; a take-back: "calm for 31 s"
+
+
+class Pressure(TypedDict):
+    """The pressure governor (src/pressure.rs): pins go back while the machine stalls for
+    memory, and are made again only after it stayed calm for the hold."""
+    # "psi:/proc/pressure/memory", "psi:cgroup" (the cgroup v2 memory.pressure); without PSI
+    # "available-ram" or "windows-available-ram"
+    source: str
+    some_stalled: Optional[float]  # share of the last window some task waited for memory
+    full_stalled: Optional[float]  # ... every task did (the machine did no work)
+    window_seconds: Optional[float]
+    state: str  # calm, stalling, holding (a ceiling, no stall: waiting for the hold)
+    ceiling_bytes: Optional[int]  # on Viking's pins; None: the pressure sets none
+    hold_seconds: float  # calm needed before the ceiling lifts
+    last_give_back: Optional[PressureEvent]
+    last_take_back: Optional[PressureEvent]
+
+
 class NativeStatus(TypedDict):
     version: str
     memory: Memory
@@ -135,6 +156,7 @@ class NativeStatus(TypedDict):
     os_lock_available: bool
     os_lock_limit_bytes: Optional[int]  # RLIMIT_MEMLOCK without CAP_IPC_LOCK; None: no limit
     monitor_releases: bool  # the native monitor thread releases pins itself (False inside ComfyUI)
+    pressure: "Pressure"
     paging: Paging
     counters: Counters
     release_failures: int

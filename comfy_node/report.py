@@ -3,6 +3,27 @@ log. Everything it prints comes from that one dict."""
 
 from __future__ import annotations
 
+import time
+
+
+def _pressure_line(pressure: dict | None) -> str | None:
+    """One line once the pressure governor gave pins back: "Memory pressure: gave back 3.1 GiB at
+    12:04: the machine stalled 23% of the last 1.5 s", and whether they may be pinned again."""
+    given = (pressure or {}).get("last_give_back")
+    if not given:
+        return None
+
+    def clock(event):
+        return time.strftime("%H:%M", time.localtime(event["unix_time"]))
+
+    line = f"Memory pressure: gave back {human(given['bytes'])} at {clock(given)}: {given['reason']}"
+    taken = pressure.get("last_take_back")
+    if pressure.get("ceiling_bytes") is not None:
+        line += f"; pins again after {pressure['hold_seconds']:.0f} s without stalls"
+    elif taken and taken["unix_time"] >= given["unix_time"]:
+        line += f"; pinning again since {clock(taken)}"
+    return line
+
 
 def human(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -88,9 +109,9 @@ def status_text(status: dict) -> str:
             lines.append(f"    {owner['standing_aside']}")
     lines.append(f"RAM: {human(memory['available_ram'])} available of {human(memory['total_ram'])}"
                  + (f" (container limit {human(memory['container_limit'])})" if memory.get("container_limit") else ""))
-    if memory.get("given_back_under_pressure"):
-        lines.append(f"Memory pressure: {human(memory['given_back_under_pressure'])} of pins given back so the OS may page "
-                     "those weights out; the next run pins them again once RAM is free")
+    pressure_line = _pressure_line(status.get("pressure"))
+    if pressure_line:
+        lines.append(pressure_line)
     paging = status["paging"]
     swap_name = "Pagefile" if paging.get("commit_limit") else "Swap"  # Windows reports its pagefile as swap
     swap_line = f"{swap_name}: {human(paging['swap_used'])} used of {human(paging['swap_total'])}"

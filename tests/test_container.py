@@ -1,7 +1,9 @@
 """A real memory cgroup with a limit (what Docker, Kubernetes or a systemd MemoryMax= gives
 ComfyUI): Viking reads the limit of its own cgroup, counts the cgroup's clean page cache as
-available, pins within the limit, and gives pins back when the cgroup itself runs short. Needs a writable cgroup tree (root on Linux); skipped
-with the reason elsewhere."""
+available, pins within the limit, and keeps its pins when the cgroup's available RAM falls
+below the headroom while nothing stalls (on a machine short of RAM that is the normal state;
+the stall signal is tests/test_reliability.py's). Needs a writable cgroup tree (root on Linux);
+skipped with the reason elsewhere."""
 
 import json
 import os
@@ -45,9 +47,10 @@ CHILD = textwrap.dedent("""
     grown = bytearray(int(sys.argv[2]))
     for i in range(0, len(grown), 4096):
         grown[i] = 1
-    time.sleep(2.0)  # four rounds of the pressure monitor
+    time.sleep(2.5)  # five rounds of the pressure monitor
     status = json.loads(vn.status_json())
-    print(json.dumps(dict(pinned_bytes=status["pinned_bytes"], memory=status["memory"], events=status["events"])), flush=True)
+    print(json.dumps(dict(pinned_bytes=status["pinned_bytes"], memory=status["memory"], events=status["events"],
+                          budget=status["budget"], pressure=status["pressure"])), flush=True)
 """)
 
 
@@ -79,13 +82,21 @@ def test_pins_within_the_limit_of_its_own_cgroup(limited_cgroup, tmp_path):
     assert report["pinned_bytes"] == report["wanted_bytes"] == 256 << 20, report
     assert not any(term == "pressure" for term, _ in budget["terms"]), budget
 
-    # Pressure inside the container (the machine itself has plenty free): the monitor sees it
-    # through the cgroup and gives the pins back, so the kernel can reclaim within the limit.
+    # Available RAM in the container falls below its headroom, and nothing stalls (issue 61: the
+    # old rule took that for pressure and pinned nothing on a machine short of RAM). The pins
+    # stay: pinning weights already in RAM takes no new memory.
     assert after_growth["memory"]["available_ram"] < LIMIT // 2, after_growth["memory"]
+    pressure = after_growth["pressure"]
     print(f"after growing by {GROW / GIB:.2f} GiB: {after_growth['memory']['available_ram'] / GIB:.2f} GiB available, "
-          f"{after_growth['pinned_bytes']} bytes pinned")
-    assert after_growth["pinned_bytes"] == 0, after_growth
-    assert any("memory pressure: released" in e for e in after_growth["events"]), after_growth["events"]
+          f"{after_growth['pinned_bytes']} bytes pinned; pressure {pressure['state']} ({pressure['source']}, "
+          f"some {pressure['some_stalled']}, full {pressure['full_stalled']})")
+    if pressure["last_give_back"] and pressure["source"].startswith("psi:/proc"):
+        pytest.skip(f"the machine stalled for memory meanwhile (other work on it; PSI here is the whole machine's): "
+                    f"{pressure['last_give_back']['reason']}")
+    assert pressure["last_give_back"] is None and pressure["ceiling_bytes"] is None, pressure
+    assert after_growth["pinned_bytes"] == 256 << 20, after_growth
+    assert after_growth["budget"]["bound_by"] != "pressure", after_growth["budget"]
+    assert not any("memory pressure" in e for e in after_growth["events"]), after_growth["events"]
 
 
 @pytest.mark.host("0.33")

@@ -51,8 +51,12 @@ function draw(target, status, folded, onTitleClick) {
   const ram = memory.container_limit ?? memory.total_ram;
   row(target, "viking-ram", `RAM ${human(ram - memory.available_ram)} used, ${human(memory.available_ram)} available`
     + (memory.container_limit ? ` (container limit ${human(memory.container_limit)})` : ""));
-  if (memory.given_back_under_pressure) {
-    row(target, "viking-pressure", `Memory pressure: ${human(memory.given_back_under_pressure)} of pins given back`);
+  // The pressure governor gave pins back because the machine stalled (src/pressure.rs).
+  const given = status.pressure?.last_give_back;
+  if (given) {
+    const at = new Date(given.unix_time * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+    const again = status.pressure.ceiling_bytes != null ? `; pins again after ${Math.round(status.pressure.hold_seconds)} s without stalls` : "";
+    row(target, "viking-pressure", `Memory pressure: gave back ${human(given.bytes)} at ${at}: ${given.reason}${again}`);
   }
   // Windows reports its pagefile where Linux has swap (it also reports a commit charge).
   const swapName = paging.commit_limit ? "Pagefile" : "Swap";
