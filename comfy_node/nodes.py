@@ -165,7 +165,9 @@ def _pin_spec(node_id: str, kind: str, display: str, description: str, extra_inp
 
 
 SPECS = [
-    _pin_spec("VikingPinModel", "MODEL", "Viking Pin Model",
+    # The words in brackets are for ComfyUI 0.3.x's node search, which matches names only (no
+    # search aliases) and only near their start: they find the node there too.
+    _pin_spec("VikingPinModel", "MODEL", "Viking Pin Model (swap, offload)",
               "Memory: keeps the diffusion model's weights that sit in RAM page-locked (never swapped out to "
               "swap or the pagefile; full-speed "
               "copies to the GPU), within a RAM budget. Returns a clone; the pins follow the weights as "
@@ -182,7 +184,7 @@ SPECS = [
               "as Viking Pin Model does for the diffusion model."),
     NodeSpec(
         node_id="VikingMemoryStatus",
-        display_name="Viking Memory Status",
+        display_name="Viking Memory Status (swap, pagefile)",
         description="What Viking has pinned, the budget and what bounds it, RAM, swap and CUDA memory.",
         inputs=[Input("after", "*", optional=True, tooltip="Wire any output here to show the status after that node ran.")],
         outputs=[Output("STRING", "text"), Output("STRING", "json")],

@@ -140,8 +140,9 @@ def test_two_model_template_pins_each_model_within_the_budget_and_is_bit_identic
     the one budget, and the same pixels as the graph without Viking. The second checkpoint is a
     synthetic one of another seed, so the two models' weights differ."""
     ui = workflow("viking_two_models")
-    names = [node["widgets_values"][0] for node in ui["nodes"] if node["type"] == "CheckpointLoaderSimple"]
-    assert len(set(names)) == 2, names
+    loaders = [node["widgets_values"][0] for node in ui["nodes"] if node["type"] == "CheckpointLoaderSimple"]
+    assert loaders == ["", ""], loaders   # the user picks both
+    names = ["synthetic_sd15.safetensors", "synthetic_sd15_second.safetensors"]
     second = cached_checkpoint(seed=1)
 
     def base_dir(name, custom_nodes):
@@ -150,7 +151,7 @@ def test_two_model_template_pins_each_model_within_the_budget_and_is_bit_identic
         return base
 
     with ComfyServer(base_dir("viking", {"viking_engine": REPO}), version=comfy_version) as server:
-        api = with_prefix(api_prompt_from_ui_workflow(ui, server.object_info()), "viking")
+        api = with_prefix(api_prompt_from_ui_workflow(ui, server.object_info(), picks=names), "viking")
         entry = server.run_prompt(api)
         pin_texts = [entry["outputs"][k]["text"][0] for k, v in api.items() if v["class_type"] == "VikingPinModel"]
         assert len(pin_texts) == 2 and all("Pinned" in text for text in pin_texts), pin_texts
