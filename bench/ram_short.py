@@ -198,15 +198,24 @@ def print_table(result: dict):
               f"({agreement['compared']} compared{', differ: ' + str(agreement['differing']) if agreement['differing'] else ''})")
 
 
-def stamp(out: Path, command: str):
-    """The commit this measured (bench/stamp.py), where git is there to say it."""
+def checkout_state():
+    """(commit, dirty) of the checkout, or None where there is no git (the GPU machine)."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                     capture_output=True, text=True, check=True).stdout.strip())
     except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit, dirty
+
+
+def stamp(out: Path, command: str, state):
+    """The commit this measured (bench/stamp.py): the one at the start, whose pack the servers
+    ran; where there is no git, the lead stamps it."""
+    if state is None:
         print("no git here: stamp the result with bench/stamp.py where the checkout is", flush=True)
         return
+    commit, dirty = state
     device = f"{os.cpu_count()}-core {os.uname().machine} Linux {os.uname().release}, no GPU" if "--gpu" not in command else None
     subprocess.run([sys.executable, str(REPO / "bench" / "stamp.py"), str(out), str(out), commit, command,
                     *(["--dirty"] if dirty else []), *(["--device", device] if device else [])], check=True)
@@ -228,6 +237,7 @@ def main():
     parser.add_argument("--vram-free-gib", type=float, default=None, help="with --gpu: hold the GPU's memory down to this much free")
     parser.add_argument("--server-base-gib", type=float, default=None, help="skip measuring the idle server's RSS; use this")
     args = parser.parse_args()
+    state = checkout_state()
     modes = args.modes.split(",")
     configs = (args.comfy or ("0.33,0.33-static,0.3.75" if args.gpu else "0.33,0.3.75")).split(",")
     for name in modes + configs:
@@ -259,7 +269,8 @@ def main():
             (base / "models" / "checkpoints" / MODEL_FILES["refiner"]).symlink_to(checkpoints["refiner"].resolve())
             bases[kind] = base
         try:
-            with rsm.RamShortMachine("viking_ram_short", REPO / ".comfy" / "ram_short.swap", unlimited.swap_bytes,
+            rsm.remove_stale_swap_files(REPO / ".comfy")
+            with rsm.RamShortMachine("viking_ram_short", REPO / ".comfy" / f"ram_short_{os.getpid()}.swap", unlimited.swap_bytes,
                                      None if args.disk == "none" else args.disk, list(checkpoints.values())) as machine:
                 if args.server_base_gib is not None:
                     server_base = int(args.server_base_gib * rsm.GIB)
@@ -271,12 +282,12 @@ def main():
                 sizes = rsm.scaled_machine(profile, model_set, server_base)
                 print(f"profile {profile.name}: scale {sizes.scale}, limit {sizes.memory_limit_bytes / rsm.MIB:.0f} MiB, "
                       f"neighbour {sizes.hot_bytes / rsm.MIB:.0f} MiB hot + {sizes.burst_bytes / rsm.MIB:.0f} MiB bursts, "
-                      f"swap {sizes.swap_bytes / rsm.MIB:.0f} MiB, disk {machine.disk_read_limit or machine.disk_read_limit_reason}",
+                      f"swap {machine.swap_bytes / rsm.MIB:.0f} MiB{' (' + machine.swap_reason + ')' if machine.swap_reason else ''}, disk {machine.disk_read_limit or machine.disk_read_limit_reason}",
                       flush=True)
                 result = dict(
                     bench="ram_short", date=time.strftime("%Y-%m-%d"), kernel=os.uname().release,
                     runs_on="gpu" if args.gpu else "cpu (--cpu)", profile=profile.name,
-                    memory_limit_bytes=sizes.memory_limit_bytes, swap_bytes=sizes.swap_bytes,
+                    memory_limit_bytes=sizes.memory_limit_bytes, swap_bytes=machine.swap_bytes, swap_reason=machine.swap_reason,
                     disk_read_limit_bytes_per_s=machine.disk_read_limit,
                     disk_read_limit_reason=machine.disk_read_limit_reason, disk_device=machine.disk_device,
                     model_cache="the model files' pages are dropped from the page cache before each run (posix_fadvise DONTNEED)",
@@ -306,7 +317,7 @@ def main():
                 holder.kill()
     save(args.out, result, sum(checkpoint_bytes))
     print_table(result)
-    stamp(args.out, "python bench/ram_short.py " + " ".join(sys.argv[1:]))
+    stamp(args.out, "python bench/ram_short.py " + " ".join(sys.argv[1:]), state)
     print(f"\nwrote {args.out}")
 
 

@@ -56,6 +56,8 @@
 #               Pin Model (output nodes), the Pin Model as plain nodes (as before), a clone node,
 #               the clone as an output node, engine mode (bench/probes/node_times.py; the cold
 #               start that was 1.13x with the Pin Model as a plain node)
+#   ramshort    a machine short of RAM: cgroup, swap file, a browser-like neighbour; 0.33 dynamic and
+#               static and 0.3.75, alone, Pin Model, engine mode (bench/ram_short.py --gpu)
 #   zerocopy    Pin CLIP's zero-copy embeddings: mapped-view and real-server GPU tests, then
 #               bench/zero_copy.py (encoder VRAM, encode time, a prompt in short VRAM; bit-identical)
 set -euo pipefail
@@ -307,6 +309,14 @@ part_twocold() {
         --free-gib "${DYNAMIC_FREE_GIB:-6}" 2>&1 | tee "$OUT/gpu_probe_node_times.log" | tail -12
 }
 
+# A machine short of RAM (issue 61): a memory cgroup scaled from a 16 GB machine, a swap file, a
+# browser-like neighbour; ComfyUI 0.33 dynamic, 0.33 --disable-dynamic-vram and 0.3.75 on the GPU,
+# each alone, with the Pin Model and in engine mode; VRAM held to 1 GiB free (bench/ram_short.py).
+part_ramshort() {
+    python3 bench/ram_short.py --gpu --profile "${RAM_SHORT_PROFILE:-16gb}" --vram-free-gib "${RAM_SHORT_FREE_GIB:-1}" \
+        --out "$OUT/ram_short_gpu.json" 2>&1 | tee "$OUT/ram_short_gpu.log" | tail -30
+}
+
 # The calls of `all`: each under ten minutes of the machine (the seconds are those of the last
 # runs on an H100, or estimates from the servers each part starts). Calls 1 and 2 install what
 # .gpu/c1 and .gpu/c2 carry; the later ones need that machine still warm (else start again at 1).
@@ -395,5 +405,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 all [N] | collect DIR N | carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|staticgc|statusstall|staticvram|staticorder|staticbreak|twocold|zerocopy]..." >&2; exit 2 ;;
+    *) echo "usage: $0 all [N] | collect DIR N | carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|staticgc|statusstall|staticvram|staticorder|staticbreak|twocold|zerocopy|ramshort]..." >&2; exit 2 ;;
 esac

@@ -5,7 +5,7 @@ tests/test_ram_short.py checks that it works.
 - A memory cgroup (a child of this process's own, v1 or v2) whose limit stands for the RAM of a
   named machine (`PROFILES`, `scaled_machine`): the model set fits, the model set and the
   neighbour (tests/neighbour.py) do not.
-- A swap file, made here and removed after.
+- A swap file, made here and removed after (where swapon is refused: none, and the reason).
 - The model files' disk throttled to a hard disk's or a SATA SSD's read speed with the blkio
   (v1) or io (v2) controller, where the kernel allows it; else None and the reason.
 - Pressure stall information (PSI) of exactly the processes inside: on a v2 machine the memory
@@ -51,11 +51,13 @@ class Profile:
     swap_bytes: int
 
 
+# The desktop: an OS with its desktop session (2-3 GB) and a browser with a few tabs (2-4 GB).
+# With it the 16gb machine is 19% short (12.1 + 5 + 2 against 16 GiB), the 32gb one 14%.
 PROFILES = {
     "16gb": Profile("16gb", 16 * GIB, int(12.1 * GIB), "SDXL base + refiner, fp16 checkpoints (6.9 + 6.1 GB)",
-                    hot_bytes=4 * GIB, burst_bytes=2 * GIB, swap_bytes=8 * GIB),
+                    hot_bytes=5 * GIB, burst_bytes=2 * GIB, swap_bytes=8 * GIB),
     "32gb": Profile("32gb", 32 * GIB, int(26.6 * GIB), "Wan 2.2 A14B's two experts, fp8 (14.3 GB each)",
-                    hot_bytes=6 * GIB, burst_bytes=3 * GIB, swap_bytes=16 * GIB),
+                    hot_bytes=7 * GIB, burst_bytes=3 * GIB, swap_bytes=16 * GIB),
 }
 
 SCALE_RULE = (
@@ -170,6 +172,7 @@ class RamShortMachine:
         self.disk_device = None
         self.psi_source = None
         self.swap_source = None
+        self.swap_reason = None              # why there is no swap file (swap_bytes is then 0)
         self._stack = contextlib.ExitStack()
 
     # -- set-up and tear-down
@@ -257,13 +260,15 @@ class RamShortMachine:
             subprocess.run(["fallocate", "-l", str(self.swap_bytes), str(path)], check=True, capture_output=True)
             path.chmod(0o600)
             subprocess.run(["mkswap", str(path)], check=True, capture_output=True)
+            done = subprocess.run(["swapon", str(path)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise OSError(f"swapon refused it: {done.stderr.strip() or done.returncode}")
         except (OSError, subprocess.CalledProcessError) as error:
+            # A container may refuse swapon: the machine then runs without swap and says so.
             path.unlink(missing_ok=True)
-            raise Unavailable(f"cannot make a swap file at {path}: {error}") from error
-        done = subprocess.run(["swapon", str(path)], capture_output=True, text=True)
-        if done.returncode != 0:
-            path.unlink(missing_ok=True)
-            raise Unavailable(f"swapon refused {path}: {done.stderr.strip() or done.returncode}")
+            self.swap_reason = f"no swap file: cannot make one at {path} ({error})"
+            self.swap_bytes = 0
+            return
 
         def remove():
             subprocess.run(["swapoff", str(path)], capture_output=True)
@@ -393,6 +398,19 @@ class RamShortMachine:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+
+
+def remove_stale_swap_files(folder: Path):
+    """Swap files named ram_short_PID.swap in `folder` whose bench (PID) has gone (killed before it
+    could clean up): swapped off and deleted. Another bench's live one is left alone."""
+    active = {line.split()[0] for line in Path("/proc/swaps").read_text().splitlines()[1:] if line.split()}
+    for path in Path(folder).glob("ram_short_*.swap"):
+        pid = path.stem.rsplit("_", 1)[1]
+        if pid.isdigit() and Path(f"/proc/{pid}").exists():
+            continue
+        if str(path.resolve()) in active:
+            subprocess.run(["swapoff", str(path.resolve())], capture_output=True)
+        path.unlink(missing_ok=True)
 
 
 def differences(before: dict, after: dict) -> dict:

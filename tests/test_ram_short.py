@@ -103,7 +103,6 @@ def small_machine(tmp_path):
         with rsm.RamShortMachine("viking_ram_short_test", tmp_path / "swap", 512 * MIB, "hdd", [model]) as machine:
             yield machine
     except Unavailable as why:
-        print(f"SKIP: {why}")
         pytest.skip(f"no RAM-short machine here: {why}")
     finally:
         model.unlink(missing_ok=True)
@@ -132,7 +131,6 @@ def test_the_neighbour_goes_to_swap_when_the_limit_is_below_its_working_set(smal
 
 def test_the_model_files_disk_is_throttled(small_machine):
     if small_machine.disk_read_limit is None:
-        print(f"SKIP: {small_machine.disk_read_limit_reason}")
         pytest.skip(f"no disk throttle here: {small_machine.disk_read_limit_reason}")
     model = small_machine.model_files[0]
     small_machine.drop_model_cache()
@@ -146,7 +144,6 @@ def test_the_model_files_disk_is_throttled(small_machine):
 def test_the_bench_runs_one_server_with_the_neighbour(tmp_path):
     why = comfy_unavailable("0.3.75")
     if why:
-        print(f"SKIP: {why}")
         pytest.skip(why)
     if os.geteuid() != 0:
         pytest.skip("needs root (cgroups, swapon)")
