@@ -31,9 +31,9 @@ mod python;
 
 /// What benches/plan.rs measures: the pure planner.
 pub use memmap::MemoryKind;
-pub use plan::{plan, HostRange, Pinned, Rules};
 /// What benches/maps.rs measures: the /proc/self/maps parser.
 pub use memmap::parse as parse_maps;
+pub use plan::{plan, HostRange, Pinned, Rules};
 
 /// Property-test cases: 500 by default; the fuzz run in scripts/test.sh sets VIKING_FUZZ_CASES.
 #[cfg(test)]
