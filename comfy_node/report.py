@@ -74,7 +74,12 @@ def status_text(status: dict) -> str:
     memory, budget = status["memory"], status["budget"]
     lines = [verdict(status), "Details:",
              f"Viking Engine {status['version']}: {human(status['pinned_bytes'])} pinned in {status['registrations']} region(s)"]
-    lines.append(f"Budget: {human(budget['limit_bytes'])} ({budget['reason']}); room left {human(budget['room_bytes'])}")
+    room = f"room left {human(budget['room_bytes'])}"
+    if budget["room_bytes"] > memory["available_ram"]:
+        # The budget bounds how much of the RAM may be page-locked, not how much is free: the
+        # weights it pins already sit in RAM, so pinning them takes no new memory.
+        room += " (more than the available RAM: pinning weights that already sit in RAM takes no new memory)"
+    lines.append(f"Budget: {human(budget['limit_bytes'])} ({budget['reason']}); {room}")
     for owner in status["owners"]:
         backends = ", ".join(f"{name} {human(b)}" for name, b in owner["by_backend"].items()) or "nothing pinned"
         lines.append(f"- {owner['label'] or owner['owner']}: {human(owner['pinned_bytes'])} of {human(owner['wanted_bytes'])} in RAM pinned ({backends}); priority {owner['priority']}")

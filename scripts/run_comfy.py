@@ -76,7 +76,9 @@ with ComfyServer(base, version=version, cpu=not gpu, port=port) as server:
     entry = server.run_prompt(api_prompt_from_ui_workflow(ui_workflow, server.object_info()))
     for node_id, output in sorted(entry["outputs"].items()):
         if "text" in output and not output["text"][0].startswith("Viking Engine"):
-            print(f"[viking] node {node_id}: {output['text'][0]}")
+            # A Pin node's text: its model's line, then what it skipped, indented under it.
+            first, *rest = output["text"][0].splitlines() or [""]
+            print(f"[viking] node {node_id}: {first}" + "".join(f"\n[viking]     {line}" for line in rest))
     print(f"[viking] image: {server.output_files(entry)[0]}")
     print("\n" + server.get("/viking/status")["text"] + "\n", flush=True)
     if not once:

@@ -5,14 +5,17 @@ this one, only run by its tests, like a database server a test starts.
 
     python3 scripts/unpack_host.py comfy033 GIT_DIR      # -> $VIKING_HOSTS/ComfyUI-0.33.0
     python3 scripts/unpack_host.py gguf GIT_DIR          # -> $VIKING_HOSTS/ComfyUI-GGUF
-    python3 scripts/unpack_host.py where                 # where the hosts go, and what is there
+    python3 scripts/unpack_host.py where                 # where the hosts go, what is there, what was left out
+    python3 scripts/unpack_host.py fill                  # writes files left out whose stand-in is there now
 
 GIT_DIR is a bare git directory holding the host's history (what the search tool's `fetch`
 returns for the repository named in HOSTS, or any clone's .git). The tree of the pinned commit
 is written file by file. A store may lack its largest blobs (a fetched snapshot has no file of
 4 MiB or more): such a file is taken from a stand-in whose git blob id matches the tree's entry,
-so it is the very file; a file with no stand-in is left out and listed in the folder's
-`.viking-host` record, which setup_env.sh reads.
+so it is the very file; a file with no stand-in is left out and listed, with its blob id, in
+the folder's `.viking-host` record. `where` names those files and says whether their stand-in is
+there now (ComfyUI 0.3.75's tokenizer, once `bash scripts/setup_env.sh` has installed 0.3.75);
+`fill` then writes each one whose stand-in's blob id matches.
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ HOSTS = {
         "commit": "0f1fa67ad8a68b62c65ebc97a7bf485df2459c3a",
         "stand_ins": {"comfy/text_encoders/llama_tokenizer/tokenizer.json":
                       lambda: comfy0375_file("comfy/text_encoders/llama_tokenizer/tokenizer.json")},
+        # The pinned commit's blob ids of the files with a stand-in, for records that lack them.
+        "blob_ids": {"comfy/text_encoders/llama_tokenizer/tokenizer.json": "99f23954b4bade407d4f3a18892f21f80b412d68"},
         "check": ("comfyui_version.py", '__version__ = "0.33.0"'),
     },
     "gguf": {
@@ -84,7 +89,7 @@ def unpack(name: str, git_dir: str) -> Path:
                   .decode().split("\n")) - {""}
     tmp = dest.with_name(dest.name + ".part")
     subprocess.run(["rm", "-rf", str(tmp)], check=True)
-    left_out = []
+    left_out, left_out_blobs = [], {}
     with subprocess.Popen(["git", f"--git-dir={git_dir}", "cat-file", "--batch"], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE) as batch:
         for mode, oid, rel in entries:
@@ -97,6 +102,7 @@ def unpack(name: str, git_dir: str) -> Path:
                     target.write_bytes(source.read_bytes())
                 else:
                     left_out.append(rel)
+                    left_out_blobs[rel] = oid
                 continue
             batch.stdin.write(f"{oid}\n".encode())
             batch.stdin.flush()
@@ -114,13 +120,29 @@ def unpack(name: str, git_dir: str) -> Path:
     if needle not in (tmp / rel).read_text(errors="replace"):
         raise SystemExit(f"{tmp / rel} does not hold {needle!r}: is {git_dir} {host['repository']}?")
     (tmp / RECORD).write_text(json.dumps({"repository": host["repository"], "commit": host["commit"],
-                                          "left_out": left_out}, indent=1) + "\n")
+                                          "left_out": left_out, "left_out_blobs": left_out_blobs}, indent=1) + "\n")
     subprocess.run(["rm", "-rf", str(dest)], check=True)
     tmp.rename(dest)
     print(f"{name}: {len(entries) - len(left_out)} files of {host['repository']}@{host['commit'][:12]} -> {dest}")
     if left_out:
         print(f"  left out (absent from {git_dir}, no stand-in): {', '.join(left_out)}")
     return dest
+
+
+def stand_in_state(host: dict, rel: str, oid: str | None) -> tuple[Path | None, str]:
+    """(the stand-in to copy, or None; a few words on the file's stand-in)."""
+    stand_in = host["stand_ins"].get(rel)
+    source = stand_in() if stand_in else None
+    oid = oid or host.get("blob_ids", {}).get(rel)
+    if source is None:
+        return None, "no stand-in: read by no test"
+    if not source.exists():
+        return None, f"its stand-in {source} is not there yet"
+    if oid is None:   # a record written before blob ids were kept
+        return None, f"its stand-in {source} is there: unpack the host again to take it"
+    if blob_id(source) != oid:
+        return None, f"{source} is another version of it"
+    return source, f"its stand-in {source} is there now: python3 scripts/unpack_host.py fill"
 
 
 def where() -> None:
@@ -132,11 +154,36 @@ def where() -> None:
         print(f"  {name:9} {base / host['folder']}: "
               + (f"{state['repository']}@{state['commit'][:12]}" if state else "absent")
               + f"  (fetch github:{host['repository']}, then: python3 scripts/unpack_host.py {name} GIT_DIR)")
+        for rel in (state or {}).get("left_out", []):
+            oid = state.get("left_out_blobs", {}).get(rel)
+            print(f"            left out: {rel} ({stand_in_state(host, rel, oid)[1]})")
+
+
+def fill() -> None:
+    """Writes each left-out file whose stand-in is there now with the recorded blob id."""
+    base = hosts_dir()
+    for name, host in HOSTS.items():
+        record = base / host["folder"] / RECORD
+        if not record.exists():
+            continue
+        state = json.loads(record.read_text())
+        for rel in list(state.get("left_out", [])):
+            source, words = stand_in_state(host, rel, state.get("left_out_blobs", {}).get(rel))
+            if source is None:
+                print(f"{name}: {rel} still left out ({words})")
+                continue
+            (base / host["folder"] / rel).write_bytes(source.read_bytes())
+            state["left_out"].remove(rel)
+            state.get("left_out_blobs", {}).pop(rel, None)
+            record.write_text(json.dumps(state, indent=1) + "\n")
+            print(f"{name}: wrote {rel} from {source}")
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] == "where":
         where()
+    elif len(sys.argv) == 2 and sys.argv[1] == "fill":
+        fill()
     elif len(sys.argv) == 3 and sys.argv[1] in HOSTS:
         unpack(sys.argv[1], sys.argv[2])
     else:

@@ -2,8 +2,10 @@
 modules) on sys.path, since the tests are imported by path (see pyproject's pytest options);
 the `comfy_version` fixture that runs a test once per ComfyUI version (comfy_server.COMFY_INSTALLS)."""
 
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -63,6 +65,7 @@ def run_checks(install, script, *args, expected: int, env=None) -> dict:
 from hosts import HOST_NAMES, gguf_unavailable  # noqa: E402
 
 _host_results: dict = {}   # nodeid -> (hosts, "passed" | "failed" | "skipped")
+_skip_reasons: dict = {}   # nodeid -> why it skipped
 
 
 def host_unavailable(host):
@@ -106,6 +109,9 @@ def pytest_runtest_logreport(report):
     hosts, outcome = _host_results[report.nodeid]
     if report.skipped:
         outcome = "skipped"
+        # longrepr of a skip: (file, line, "Skipped: <reason>")
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skip_reasons[report.nodeid] = reason.removeprefix("Skipped: ")
     elif report.failed:
         outcome = "failed"
     elif report.when == "call" and outcome is None:
@@ -114,13 +120,37 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line per host: how many tests ran on it and how many skipped, so that a green run that
-    touched none of ComfyUI 0.33's tests says so plainly (and why)."""
+    """One line per host: how many tests ran on it and how many skipped and why (each reason once,
+    with its count), so that a green run that touched none of ComfyUI 0.33's tests says so plainly."""
     terminalreporter.section("tests per test host")
     for host, name in HOST_NAMES.items():
         outcomes = [outcome for hosts, outcome in _host_results.values() if host in hosts and outcome]
         ran = sum(o in ("passed", "failed") for o in outcomes)
         failed, skipped = outcomes.count("failed"), outcomes.count("skipped")
         why = host_unavailable(host)
+        reasons: dict = {}
+        for nodeid, (hosts, outcome) in _host_results.items():
+            if host in hosts and outcome == "skipped":
+                reason = _skip_reasons.get(nodeid, "no reason given")
+                reasons[reason] = reasons.get(reason, 0) + 1
         terminalreporter.write_line(f"host {name}: {ran} ran ({failed} failed), {skipped} skipped"
+                                    + "".join(f"; {count} skipped: {reason}" for reason, count in reasons.items())
                                     + (f"; missing: {why}" if why else ""))
+
+
+# ---- what the run leaves behind ------------------------------------------------------------------
+# pytest's own folders go after a run that passed (pyproject: tmp_path_retention_policy). Wine,
+# run by the Windows tests, leaves a /tmp/wine-* folder: those made during this session go once
+# the project's wineserver (target/wineprefix) has ended.
+_WINE_DIRS_BEFORE = set(glob.glob("/tmp/wine-*"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    made = set(glob.glob("/tmp/wine-*")) - _WINE_DIRS_BEFORE
+    if not made:
+        return
+    if shutil.which("wineserver"):
+        prefix = os.path.join(ROOT, "target", "wineprefix")
+        subprocess.run(["wineserver", "-w"], env={**os.environ, "WINEPREFIX": prefix}, capture_output=True, timeout=60)
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)

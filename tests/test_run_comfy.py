@@ -96,6 +96,9 @@ def test_signal_ends_main_job_and_its_server(signum, tmp_path):
             time.sleep(0.5)
         log = log_path.read_text()
         server_pid = int(re.search(r"\(pid (\d+),", log).group(1))
+        # A Pin node's skipped lines go under its model's line, indented (as in the status text).
+        skipped = [line for line in log.splitlines() if "skipped" in line and "too small" in line]
+        assert all(line.startswith(("[viking]     skipped", "    skipped")) for line in skipped), skipped
         assert alive(server_pid) and port_open(port)
         if signum == signal.SIGINT:
             # Python has replaced the ignored disposition with its handler.
