@@ -347,7 +347,7 @@ pub fn page_faults() -> Option<u64> {
         if win::K32GetProcessMemoryInfo(win::GetCurrentProcess(), &mut counters, counters.cb) != 0 {
             return Some(counters.PageFaultCount as u64);
         }
-        return None;
+        None
     }
     #[cfg(not(windows))]
     {
