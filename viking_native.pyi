@@ -62,8 +62,9 @@ def settle(timeout_s: float = 30.0) -> bool:
     """Waits for the pins made off the caller's thread (read-only file pages); True when done."""
 def deferred_failures() -> int:
     """How many pins made off the caller's thread have failed so far."""
-def status_json(probe_cuda: bool = False, mark_run: bool = False) -> str:
-    """A contract.NativeStatus as JSON."""
+def status_json(probe_cuda: bool = False, mark_run: bool = False, residency: bool = True) -> str:
+    """A contract.NativeStatus as JSON; residency=False skips the page-table reads (each owner's
+    resident / swapped figures None)."""
 def cuda_device_count() -> int: ...
 def device_pointer(addr: int) -> int: ...
 def gib_to_bytes(name: str, gib: float) -> int:

@@ -192,9 +192,9 @@ class DynamicModel(TypedDict):
     staged_bytes: int  # RAM of ComfyUI's staging copies of this model
     staged_pinned_bytes: int  # ... of it registered
     file_view_bytes: int  # Viking's shared views of the checkpoint (mapped; what they lock is in the pins)
-    file_view_resident_bytes: int
-    checkpoint_resident_bytes: int  # of the model's mapped weights, in RAM now (page cache)
-    checkpoint_bytes: int
+    file_view_resident_bytes: Optional[int]  # these three: from the residency sample (None before the first)
+    checkpoint_resident_bytes: Optional[int]  # of the model's mapped weights, in RAM now (page cache)
+    checkpoint_bytes: Optional[int]
     kept_in_current_prompt: bool
     pin_ceiling_bytes: int
     file_residency: bool  # the node's file_residency: Viking keeps the file pages this model reads
@@ -228,6 +228,17 @@ class Status(NativeStatus):
     applied_changes: List[dict]
     pressure_relief: str  # gate.relief(): "gate watcher", "execution thread" or "native monitor"
     headroom_source: str  # "auto", "settings dialog", "VIKING_HEADROOM_GIB" or "node #N"
+    residency: "ResidencySample"
+
+
+class ResidencySample(TypedDict):
+    """Where the owners' resident / swapped figures come from (residency.py): read for this
+    status (age 0), or the sampler's last sample, made off ComfyUI's execution thread."""
+    sampled_at: Optional[float]  # epoch seconds; None: no sample yet (the figures are None)
+    age_seconds: Optional[float]
+    sample_seconds: Optional[float]  # what the sample took
+    min_interval_seconds: float
+    sampler_thread: Optional[int]  # the sampler's OS thread id (None until it first ran)
 
 
 def key_mismatches(value: Any, typed, where: str = "") -> list[str]:

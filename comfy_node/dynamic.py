@@ -144,14 +144,25 @@ def file_ranges(patcher, record) -> list[tuple[int, int, object]]:
     return ranges
 
 
-def summary(patcher, record) -> dict:
-    """What the status shows per model in dynamic mode."""
+def summary(patcher, record, read_residency: bool = True) -> dict:
+    """What the status shows per model in dynamic mode. `read_residency`: also read the page
+    cache's residency of the model's file spans (a walk of its weights and a mincore of each);
+    otherwise those figures are None and the residency sampler's last ones go in their place."""
     staged, staged_pinned = comfy.staged_bytes(patcher)
-    file_bytes = sum(view.len for view, _ in record.file_views.values())
-    resident = [view.resident_bytes() for view, _ in record.file_views.values()]
-    checkpoint_resident = sum(native.resident_bytes(addr, length) or 0 for addr, length in comfy.mapped_storage_spans(patcher))
-    return {"staged_bytes": staged, "staged_pinned_bytes": staged_pinned, "file_view_bytes": file_bytes,
-            "file_view_resident_bytes": sum(r or 0 for r in resident), "checkpoint_resident_bytes": checkpoint_resident,
-            "checkpoint_bytes": sum(length for _, length in comfy.mapped_storage_spans(patcher)),
+    figures = residency(patcher, record) if read_residency else dict.fromkeys(RESIDENCY_FIELDS)
+    return {"staged_bytes": staged, "staged_pinned_bytes": staged_pinned,
+            "file_view_bytes": sum(view.len for view, _ in record.file_views.values()), **figures,
             "kept_in_current_prompt": record.settings.priority > 0, "pin_ceiling_bytes": comfy.pin_ceiling(),
             "file_residency": record.settings.file_residency, "fast_disk": comfy.fast_disk(patcher)}
+
+
+RESIDENCY_FIELDS = ("file_view_resident_bytes", "checkpoint_resident_bytes", "checkpoint_bytes")
+
+
+def residency(patcher, record) -> dict:
+    """The page cache's residency of the model's checkpoint: of Viking's file views, and of the
+    spans ComfyUI maps (RESIDENCY_FIELDS)."""
+    spans = comfy.mapped_storage_spans(patcher)
+    return {"file_view_resident_bytes": sum(view.resident_bytes() or 0 for view, _ in list(record.file_views.values())),
+            "checkpoint_resident_bytes": sum(native.resident_bytes(addr, length) or 0 for addr, length in spans),
+            "checkpoint_bytes": sum(length for _, length in spans)}

@@ -20,7 +20,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING
 
-from . import comfy, dynamic, gate, home, models, prefetch, shared_settings, timing, vram_cap, zero_copy
+from . import comfy, dynamic, gate, home, models, prefetch, residency, shared_settings, timing, vram_cap, zero_copy
 from . import native as native_module
 from .models import ModelRecord, PinSettings
 from .native import require
@@ -602,13 +602,16 @@ def unpin_owner(owner: int) -> int:
 
 # --- the status ------------------------------------------------------------------------------
 
-def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status":
+def status(probe_cuda: bool = False, mark_run: bool = False, read_residency: bool = True) -> "contract.Status":
     """The one status the node, the HTTP route and the panel read: the native snapshot, plus
     what only the Python side knows per model (VRAM, home, prefetch, notes, last report), which
-    ComfyUI this is, ComfyUI's own pins and the changes waiting for the execution thread."""
+    ComfyUI this is, ComfyUI's own pins and the changes waiting for the execution thread.
+    `read_residency`: read every pinned page's residency now (page tables, ~24 ms per GiB, and
+    the checkpoint's page cache in dynamic mode); off, the figures are the residency sampler's
+    last, with their age (residency.py), and the status costs its caller a few milliseconds."""
     # ComfyUI on the CPU (--cpu) gets no CUDA context from a status either.
     probe_cuda = probe_cuda and comfy.host().mode != "cpu"
-    snapshot = json.loads(require().status_json(probe_cuda=probe_cuda, mark_run=mark_run))
+    snapshot = json.loads(require().status_json(probe_cuda=probe_cuda, mark_run=mark_run, residency=read_residency))
     listed = {entry["owner"] for entry in snapshot["owners"]}
     # A model with nothing pinned (Viking stands aside for it, or its budget holds nothing yet)
     # is still a model Viking looks after: the status lists it with its reason.
@@ -627,7 +630,8 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status
         report = (record.last_report if record is not None else None) or {}
         entry["standing_aside"] = report.get("standing_aside")
         patcher = record.live_patcher() if record is not None else None
-        entry["dynamic"] = dynamic.summary(patcher, record) if patcher is not None and comfy.is_dynamic(patcher) else None
+        entry["dynamic"] = (dynamic.summary(patcher, record, read_residency)
+                            if patcher is not None and comfy.is_dynamic(patcher) else None)
     comfy_ranges, comfy_total = comfy.foreign_pins()
     snapshot["comfy"] = {**comfy.host().as_dict(), "pinned_bytes": comfy.comfy_pinned_total() or comfy_total,
                          "pinned_tensors": len(comfy_ranges), "pin_ceiling_bytes": comfy.pin_ceiling()}
@@ -637,6 +641,11 @@ def status(probe_cuda: bool = False, mark_run: bool = False) -> "contract.Status
     snapshot["applied_changes"] = gate.applied()
     snapshot["pressure_relief"] = gate.relief()
     snapshot["headroom_source"] = shared_settings.headroom_source()
+    if read_residency:
+        snapshot["residency"] = residency.read_now_note()
+    else:
+        residency.overlay(snapshot)
+        residency.request()
     return snapshot
 
 

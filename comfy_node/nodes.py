@@ -120,7 +120,9 @@ ZERO_COPY = Input("zero_copy_embeddings", "BOOLEAN", default=False, optional=Tru
 
 
 def _status(node_id: str, after=None) -> Result:
-    status = lifecycle.status(probe_cuda=True, mark_run=True)
+    # Served from what is at hand and the residency sampler's last figures: reading the page
+    # tables of every pinned page here would cost the prompt ~24 ms per GiB (residency.py).
+    status = lifecycle.status(probe_cuda=True, mark_run=True, read_residency=False)
     text = status_text(status)
     return Result((text, json.dumps(status)), text)
 

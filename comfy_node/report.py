@@ -41,6 +41,12 @@ ADVICE = {
 }
 
 
+def _sample_age(status: dict) -> str:
+    """Where residency figures come from a sample taken earlier (residency.py), how long ago."""
+    age = (status.get("residency") or {}).get("age_seconds")
+    return f" (sampled {age:.0f} s ago)" if age else ""
+
+
 def verdict(status: dict) -> str:
     """One line for people first: is the model data safe from swap, and if not, what binds and
     what to change."""
@@ -97,13 +103,17 @@ def status_text(status: dict) -> str:
         if owner.get("file_page_bytes"):
             lines.append(f"    {human(owner['file_page_bytes'])} of it locked as the checkpoint file's own pages (nothing copied)")
         if owner.get("resident_bytes") is not None:
-            lines.append(f"    in RAM {human(owner['resident_bytes'])}, swapped out {human(owner['swapped_bytes'])}")
+            lines.append(f"    in RAM {human(owner['resident_bytes'])}, swapped out {human(owner['swapped_bytes'])}"
+                         + _sample_age(status))
         for skip in owner["skipped"]:
             lines.append(f"    skipped {human(skip['bytes'])} in {skip['count']} range(s): {skip['description']}")
         dynamic = owner.get("dynamic")
         if dynamic:
-            lines.append(f"    ComfyUI staged {human(dynamic['staged_bytes'])} ({human(dynamic['staged_pinned_bytes'])} pinned); "
-                         f"checkpoint in RAM {human(dynamic['checkpoint_resident_bytes'])} of {human(dynamic['checkpoint_bytes'])}"
+            checkpoint = ("" if dynamic.get("checkpoint_bytes") is None else
+                          f"; checkpoint in RAM {human(dynamic['checkpoint_resident_bytes'])} of "
+                          f"{human(dynamic['checkpoint_bytes'])}{_sample_age(status)}")
+            lines.append(f"    ComfyUI staged {human(dynamic['staged_bytes'])} ({human(dynamic['staged_pinned_bytes'])} pinned)"
+                         + checkpoint
                          + ("" if dynamic.get("file_residency", True) else "; its file pages not kept (file_residency off)"))
             if dynamic.get("fast_disk"):
                 lines.append("    ComfyUI reads this model's weights that have a VRAM slot from its file at each step (fast disk)"

@@ -52,17 +52,19 @@ async def _change_request(request) -> dict:
 
 @PromptServer.instance.routes.get("/viking/status")
 async def viking_status(request):
-    """The status JSON (what the status node shows), plus its text form under "text"."""
+    """The status JSON (what the status node shows), plus its text form under "text". The
+    residency figures are the sampler's last (status["residency"] gives their age); with
+    ?residency=now they are read for this answer (page tables: milliseconds per GiB pinned)."""
     _guard(request, "read")
     probe_cuda = request.query.get("probe_cuda") == "1"
-    # Off the event loop: the status reads page tables (milliseconds per GiB pinned), and the
-    # server's every request and websocket message waits while the loop is busy.
-    status = await asyncio.get_running_loop().run_in_executor(None, _status_with_text, probe_cuda)
+    read_now = request.query.get("residency") == "now"
+    # Off the event loop: the server's every request and websocket message waits while it is busy.
+    status = await asyncio.get_running_loop().run_in_executor(None, _status_with_text, probe_cuda, read_now)
     return web.json_response(status)
 
 
-def _status_with_text(probe_cuda: bool) -> dict:
-    status = lifecycle.status(probe_cuda=probe_cuda)
+def _status_with_text(probe_cuda: bool, read_now: bool) -> dict:
+    status = lifecycle.status(probe_cuda=probe_cuda, read_residency=read_now)
     status["text"] = status_text(status)
     return status
 

@@ -74,8 +74,9 @@ function draw(target, status, folded, onTitleClick) {
     line.dataset.label = owner.label;
     const dynamic = owner.dynamic; // ComfyUI 0.33's dynamic VRAM mode: its own staging of this model
     if (dynamic) {
-      row(target, "viking-dynamic", `    ComfyUI staged ${human(dynamic.staged_bytes)} (${human(dynamic.staged_pinned_bytes)} pinned); `
-        + `checkpoint in RAM ${human(dynamic.checkpoint_resident_bytes)} of ${human(dynamic.checkpoint_bytes)}`
+      row(target, "viking-dynamic", `    ComfyUI staged ${human(dynamic.staged_bytes)} (${human(dynamic.staged_pinned_bytes)} pinned)`
+        // the residency figures come from a sample made off ComfyUI's execution thread (null before the first)
+        + (dynamic.checkpoint_bytes == null ? "" : `; checkpoint in RAM ${human(dynamic.checkpoint_resident_bytes)} of ${human(dynamic.checkpoint_bytes)}`)
         + (dynamic.file_residency === false ? "; its file pages not kept (file_residency off)" : ""));
     }
   }
