@@ -20,7 +20,7 @@ Cases, in each process:
 The conditioning (and the steps' output) of every case is hashed: each mode must give the same
 bytes as ComfyUI alone.
 
-usage: python bench/zero_copy.py COMFY_DIR OUT.json [--layers 2] [--reps 20] [--prompts 4]
+usage: python bench/zero_copy.py COMFY_DIR OUT.json [--layers 1] [--reps 10] [--prompts 3] [--modes comfy,pinned,zerocopy]
 """
 import argparse
 import hashlib
@@ -192,13 +192,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("comfy_dir")
     parser.add_argument("out")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--diffusion-gib", type=float, default=6.0)
+    parser.add_argument("--diffusion-gib", type=float, default=3.5)
     parser.add_argument("--encoder-vram-gib", type=float, default=1.5)
-    parser.add_argument("--prompt-vram-gib", type=float, default=8.0)
+    parser.add_argument("--prompt-vram-gib", type=float, default=6.0)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--mode", help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()

@@ -164,10 +164,14 @@ part_servers033dyn() { server_part servers033dyn "dynamic and 0.33"; }
 
 # Zero-copy token embeddings (issue 60): the mapped-view and real-server GPU tests, then the
 # bench (a Llama 3.1 8B-shaped encoder's 1.05 GB table: VRAM, encode time, a prompt in short VRAM);
-# a Rust test binary carried in .gpu/rust (cargo test --no-run here) checks the device address.
+# The Rust test of a registration's device address runs from a test binary made here and carried
+# gzipped in .gpu/rust (no Rust toolchain there): cargo test --no-default-features --no-run, then
+# strip -o /tmp/t target/debug/deps/viking_engine-HASH && gzip -9c /tmp/t > .gpu/rust/viking_engine-test.gz
 part_zerocopy() {
-    for binary in .gpu/rust/viking_engine-*; do
-        [[ -x "$binary" ]] && "$binary" --test-threads=1 a_cuda_registration a_pin_a_mapped_view 2>&1 | tail -5
+    for binary in .gpu/rust/viking_engine-*.gz; do
+        [[ -e "$binary" ]] || continue
+        gunzip -c "$binary" > /tmp/viking_engine-test && chmod +x /tmp/viking_engine-test
+        /tmp/viking_engine-test --test-threads=1 a_cuda_registration a_pin_a_mapped_view 2>&1 | tee "$OUT/zero_copy_rust.log" | tail -5
     done
     VIKING_GPU_RESULTS="$OUT" python3 -m pytest -q -s -p no:cacheprovider tests/test_zero_copy.py -k "not cpu_server" 2>&1 \
         | tee "$OUT/zero_copy_tests.log" | tail -30

@@ -125,11 +125,6 @@ impl Ledger {
         self.entries.range(..=addr).next_back().map(|(_, e)| e).filter(|e| e.end() >= end)
     }
 
-    /// Bytes of the entries mapped views hold.
-    pub fn viewed_bytes(&self) -> u64 {
-        self.entries.values().filter(|e| e.viewed()).map(Entry::len).sum()
-    }
-
     /// Takes entries, lowest priority first (then the most recent address), until at least
     /// `bytes` are taken or only entries of `keep_from_priority` and above are left.
     /// Takes `owner`'s entries from the highest address down until it holds at most
