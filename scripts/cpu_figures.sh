@@ -14,6 +14,7 @@
 #   watcher     watcher_gc_cpu.json, watch_rate_cpu.json
 #   stall       status_stall_cpu.json, status_stall_one_pass_cpu.json
 #   benches     plan.json, maps_parse.json        cargo bench
+#   firstprompt first_prompt_cpu.json             the first-prompt bench's check with --cpu
 #   ramshort    ram_short_cpu.json                a machine short of RAM, 16 GB profile (about 25 minutes)
 # Probes that compare with another commit (events, watcher, stall) take the baseline commit the
 # current result file names, checked out beside (git worktree) and removed after.
@@ -100,12 +101,13 @@ step_benches() {
     cargo bench --no-default-features --quiet --bench plan
     [[ -e benches/maps.rs ]] && cargo bench --no-default-features --quiet --bench maps
 }
+step_firstprompt() { measure first_prompt_cpu.json $VENV bench/first_prompt.py "$WORK/first_prompt_cpu.json" --cpu; }
 step_ramshort() {
     if [[ ! -e bench/ram_short.py ]]; then echo "[cpu_figures] ramshort: bench/ram_short.py is not here yet, skipped"; return 0; fi
     measure ram_short_cpu.json $VENV bench/ram_short.py --profile 16gb --out "$WORK/ram_short_cpu.json"
 }
 
-ALL_STEPS=(swap coldstart container events watcher stall benches ramshort)
+ALL_STEPS=(swap coldstart container events watcher stall benches firstprompt ramshort)
 STEPS=("${ALL_STEPS[@]}")
 (( $# )) && STEPS=("$@")
 for STEP in "${STEPS[@]}"; do

@@ -73,14 +73,35 @@ def test_the_ram_short_row_appears_once_its_file_exists(tmp_path):
         {"mode": "pin_model", "comfy": "0.33 dynamic", "prompts": prompts(10.0, 2.0)}]})
     table = figures.readme_table(tmp_path)
     assert "a machine short of RAM (swap or pagefile in use), `--cpu`" in table
-    assert "after a switch: **4.0x faster** (`ram_short_cpu.json`)" in table
+    assert "the prompt after a switch: **4.0x faster** (`ram_short_cpu.json`)" in table
     assert "after a switch" in figures.render_benchmarks(tmp_path, older={})
+    # A kind of prompt slower with the Pin Model: the row quotes the slowest, not the gain.
+    write(tmp_path, "ram_short_cpu.json", {"profile": "16gb", "runs": [
+        {"mode": "alone", "comfy": "0.33 dynamic", "prompts": prompts(10.0, 8.0)},
+        {"mode": "pin_model", "comfy": "0.33 dynamic", "prompts": prompts(25.0, 2.0)}]})
+    assert "the slowest kind of prompt, first: **2.50x slower** (`ram_short_cpu.json`)" in figures.readme_table(tmp_path)
 
 
 def test_a_headline_row_from_a_file_still_to_come(tmp_path):
     write(tmp_path, "zero_copy_gpu.json", {"headline": {"what": "text encoding", "alone_seconds": 1.0,
                                                         "viking_seconds": 1.25, "viking": "reads it in place"}})
     assert "text encoding: **1.25x slower** (`zero_copy_gpu.json`)" in figures.readme_table(tmp_path)
+
+
+def test_the_first_prompt_row_quotes_the_slowest_case(tmp_path):
+    write(tmp_path, "first_prompt_gpu.json", {"cases": {
+        "fp16/0.33-dynamic": {"over_alone": {"pin": {"first": 0.98, "warm": 1.0}}},
+        "gguf/0.3.75": {"over_alone": {"pin": {"first": 1.04, "warm": 1.0}}},
+        "fp8_scaled/0.33-static": {"over_alone": {}}}})
+    assert "the slowest of 2 cases (gguf, 0.3.75): **1.04x slower** (`first_prompt_gpu.json`)" in figures.readme_table(tmp_path)
+
+
+def test_a_file_that_records_no_commit_counts_as_older(tmp_path):
+    write(tmp_path, "swap_cpu.json", {})
+    data = json.loads((tmp_path / "swap_cpu.json").read_text())
+    del data["commit"]
+    (tmp_path / "swap_cpu.json").write_text(json.dumps(data))
+    assert figures.older_than_their_code(tmp_path) == {"swap_cpu.json": "(no commit recorded)"}
 
 
 def git(repo, *args):
