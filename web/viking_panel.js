@@ -38,7 +38,10 @@ function draw(target, status, folded, onTitleClick) {
   const verdict = (status.text ?? "").split("\n")[0] || `Viking Engine: ${human(status.pinned_bytes)} pinned`;
   const title = row(target, "viking-title", onTitleClick ? `${folded ? "▸" : "▾"} ${verdict}` : verdict);
   if (onTitleClick) {
-    title.style.cursor = "pointer";
+    // The floating line stays one line (ellipsis where a long verdict would wrap: it is whole
+    // on hover and in the sidebar tab).
+    Object.assign(title.style, { cursor: "pointer", whiteSpace: "nowrap", overflow: "hidden", textOverflow: "ellipsis" });
+    title.title = verdict;
     title.addEventListener("click", onTitleClick);
   }
   target.dataset.folded = folded ? "1" : "0";
@@ -126,8 +129,10 @@ app.registerExtension({
     panel.id = "viking-panel";
     panel.title = "Viking Engine memory: click the first line to unfold or fold it";
     Object.assign(panel.style, {
-      // Bottom left, beside the sidebar: newer frontends (1.49) put their minimap bottom right.
-      position: "fixed", left: "64px", bottom: "12px", zIndex: 10000, maxWidth: "460px",
+      // Bottom left, right of the canvas's info text (LiteGraph draws it in the canvas's bottom
+      // left 160 px); newer frontends (1.49) put their minimap bottom right. Under ComfyUI's modal
+      // dialogs (PrimeVue's masks start at z-index 1100), which dim it as they dim the canvas.
+      position: "fixed", left: "240px", bottom: "12px", zIndex: 1000, maxWidth: "min(900px, calc(100vw - 560px))",
       background: "rgba(18, 22, 30, 0.92)", color: "#d8dee9", border: "1px solid #4c566a",
       borderRadius: "6px", padding: "6px 10px", font: "12px/1.45 monospace", whiteSpace: "pre-wrap",
     });
