@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from comfy_server import REPO_ROOT, ComfyServer, cached_checkpoint, prepare_base_dir
+from comfy_server import CKPT_NAME, REPO_ROOT, ComfyServer, cached_checkpoint, prepare_base_dir
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # The README's picture is made on purpose, never by a plain test run:
@@ -61,6 +61,9 @@ def test_http_api_guards_its_state(server):
 def test_panel_shows_the_pinned_model_in_a_real_browser(server, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     workflow = json.loads((REPO_ROOT / "workflows" / "viking_pin_checkpoint.json").read_text())
+    for node in workflow["nodes"]:   # the template leaves the checkpoint to the user: pick the test's
+        if node["type"] == "CheckpointLoaderSimple":
+            node["widgets_values"] = [CKPT_NAME]
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_FLAGS)
         try:
