@@ -178,6 +178,15 @@ class ModelStatus(OwnerStatus):
     standing_aside: Optional[str]
     dynamic: Optional["DynamicModel"]
     weights: "WeightKinds"
+    zero_copy: Optional["ZeroCopy"]  # None: the option is off for this model
+
+
+class ZeroCopy(TypedDict):
+    """Pin CLIP's zero-copy embeddings (zero_copy.py): token-embedding tables the GPU reads in
+    place from the model's pins (mapped views), or why not."""
+    mapped_bytes: int  # read in place: not in VRAM, not copied at load or at each call
+    tables: int
+    notes: List[str]  # what was mapped, and why anything was not (the CPU, dynamic mode, a patch)
 
 
 class WeightKinds(TypedDict, total=False):
@@ -200,15 +209,6 @@ class DynamicModel(TypedDict):
     file_residency: bool  # the node's file_residency: Viking keeps the file pages this model reads
     fast_disk: Optional[bool]  # ComfyUI reads its weights with a VRAM slot from the file at each step (None: outside ComfyUI)
 
-    zero_copy: Optional["ZeroCopy"]  # None: the option is off for this model
-
-
-class ZeroCopy(TypedDict):
-    """Pin CLIP's zero-copy embeddings (zero_copy.py): token-embedding tables the GPU reads in
-    place from the model's pins (mapped views), or why not."""
-    mapped_bytes: int  # read in place: not in VRAM, not copied at load or at each call
-    tables: int
-    notes: List[str]  # what was mapped, and why anything was not (the CPU, dynamic mode, a patch)
 
 class ComfyHost(TypedDict):
     version: Optional[str]

@@ -130,15 +130,15 @@ def _status(node_id: str, after=None) -> Result:
 def _unpin(node_id: str, model=None, clip=None, vae=None, everything: bool = False) -> Result:
     require()
     if everything:
+        zero_copy.restore_all()  # the tables become parameters again before their pins go
         released = lifecycle.unpin(None)
         return Result((), f"Released every Viking pin: {human(released)}")
-        zero_copy.restore_all()  # the tables become parameters again before their pins go
     released, names = 0, []
     for kind, value in (("MODEL", model), ("CLIP", clip), ("VAE", vae)):
         if value is not None:
+            zero_copy.restore(comfy.patcher_of(value, kind))
             released += lifecycle.unpin(comfy.patcher_of(value, kind))
             names.append(kind)
-            zero_copy.restore(comfy.patcher_of(value, kind))
     if not names:
         return Result((), "Nothing to unpin: connect a MODEL, CLIP or VAE, or switch 'everything' on.")
     return Result((), f"Released {human(released)} pinned for the {', '.join(names)}")

@@ -221,9 +221,6 @@ impl FileView {
     }
 }
 
-/// Maps `[offset, offset+length)` of the open file `fd` (a file descriptor on Unix, a file
-/// HANDLE on Windows) read-only, sharing the file's cached pages (offset a multiple of the page
-/// size). ValueError when the file is shorter (replaced or truncated).
 /// A range of a CUDA registration of Viking's as the GPU sees it (its device address: the
 /// registrations carry DEVICEMAP), for torch through `__cuda_array_interface__` as bytes:
 /// `torch.as_tensor(view, device="cuda")` is a uint8 CUDA tensor over the pinned host memory,
@@ -273,6 +270,9 @@ fn mapped_view(py: Python<'_>, addr: &Bound<'_, PyAny>, length: &Bound<'_, PyAny
     guarded(py, || engine().mapped_view(addr, length)).map(|view| MappedView { view })
 }
 
+/// Maps `[offset, offset+length)` of the open file `fd` (a file descriptor on Unix, a file
+/// HANDLE on Windows) read-only, sharing the file's cached pages (offset a multiple of the page
+/// size). ValueError when the file is shorter (replaced or truncated).
 #[pyfunction]
 fn map_file(py: Python<'_>, fd: i64, offset: u64, length: u64) -> PyResult<FileView> {
     guarded(py, || file_view::FileView::open(fd, offset, length)).map(|view| FileView { view })
@@ -354,11 +354,11 @@ fn viking_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(note_foreign_pins, m)?)?;
     m.add_function(wrap_pyfunction!(budget_json, m)?)?;
     m.add_class::<FileView>()?;
+    m.add_function(wrap_pyfunction!(mapped_view, m)?)?;
+    m.add_class::<MappedView>()?;
     m.add_function(wrap_pyfunction!(_set_faults, m)?)?;
     start_pressure_monitor();
     // Release every pin at interpreter exit, while the memory is still alive.
     m.py().import("atexit")?.call_method1("register", (m.getattr("release_all")?,))?;
-    m.add_function(wrap_pyfunction!(mapped_view, m)?)?;
-    m.add_class::<MappedView>()?;
     Ok(())
 }

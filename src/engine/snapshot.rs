@@ -70,6 +70,11 @@ impl Engine {
                 owner.file_page_bytes += entry.len();
             }
         }
+        for entry in state.ledger.entries().filter(|e| e.viewed()) {
+            if let Some(owner) = owners.get_mut(&entry.owner) {
+                owner.mapped_view_bytes += entry.len();
+            }
+        }
         let pins: Vec<(u64, u64, u64, bool)> =
             state.ledger.entries().map(|e| (e.owner, e.addr(), e.len(), e.registration.pending())).collect();
         let pinned_bytes = state.ledger.total_bytes();
@@ -78,11 +83,6 @@ impl Engine {
         let (policy, counters, events) = (state.policy, state.counters, state.events.clone());
         let (swaps_at_start, swaps_at_last_run) = (state.swaps_at_start, state.swaps_at_last_run);
         let swaps_now = sys::os::swap_counters();
-        for entry in state.ledger.entries().filter(|e| e.viewed()) {
-            if let Some(owner) = owners.get_mut(&entry.owner) {
-                owner.mapped_view_bytes += entry.len();
-            }
-        }
         if mark_run {
             state.swaps_at_last_run = swaps_now;
         }
