@@ -534,6 +534,42 @@ def prompt_running() -> bool:
     return bool(getattr(_prompt_queue(), "currently_running", None))
 
 
+def flags_waiting() -> bool:
+    """Whether a request to ComfyUI's worker (POST /free's unload_models / free_memory) waits
+    for it to wake, with no prompt running or queued."""
+    queue = _prompt_queue()
+    return bool(getattr(queue, "flags", None)) and not getattr(queue, "currently_running", None) \
+        and not getattr(queue, "queue", None)
+
+
+def worker_wanted() -> bool:
+    """Whether ComfyUI's worker has something to do: a prompt running or queued, or flags
+    (a /free) to apply. Viking's work between prompts stops for it (gate.py)."""
+    queue = _prompt_queue()
+    return bool(getattr(queue, "currently_running", None) or getattr(queue, "queue", None)
+                or getattr(queue, "flags", None))
+
+
+def wake_worker() -> bool:
+    """Wakes ComfyUI's worker from its wait for work, so that it applies the flags waiting.
+    PromptQueue.set_flag notifies the worker once; a /free that lands while the worker is not
+    waiting (its garbage collection after a prompt, which holds the GIL for seconds on a busy
+    machine, so a client polling for the prompt's end sends its /free right after it) wakes
+    nobody, and main.py's prompt_worker then waits for the next prompt or up to 1000 s. The
+    worker applies flags after every wake (its get() returns None on an empty queue), so a
+    second notify is what set_flag's would have been. Never blocks: False if the queue's lock
+    is held (the worker is busy and reads the flags on its own)."""
+    queue = _prompt_queue()
+    mutex, condition = getattr(queue, "mutex", None), getattr(queue, "not_empty", None)
+    if mutex is None or condition is None or not mutex.acquire(blocking=False):
+        return False
+    try:
+        condition.notify()
+        return True
+    finally:
+        mutex.release()
+
+
 def queue_mark() -> tuple | None:
     """What ComfyUI's queue looks like when it is idle (None while a prompt runs or waits): the
     count of prompts it has started, so that two equal marks taken some time apart mean no

@@ -33,6 +33,7 @@ _deferred: list[tuple[str, Callable[[], object]]] = []
 # it): key -> (what, change, shown); a later request for the same key replaces the earlier one.
 _after_prompt: dict[object, tuple[str, Callable[[], object], bool]] = {}
 _idle_mark: tuple | None = None  # the queue's mark at the watcher's last look, if it was idle then
+_flags_seen = False  # ComfyUI's worker had flags waiting (a /free) at the watcher's last look
 _next_look_seconds = 0.5  # the watcher's pause before its next look (`_watch_once` sets it)
 _applied: list[dict] = []  # the last changes applied, where and when (for the status)
 _watcher: threading.Thread | None = None
@@ -87,8 +88,9 @@ def after_prompt(key, what: str, change: Callable[[], object], shown: bool = Tru
 
 def _run_after_prompt(quiet: bool = True):
     # A change may leave more for later (a step of a long registration): the loop goes on until
-    # nothing it may run waits or a prompt starts.
-    while not comfy.prompt_running():
+    # nothing it may run waits, or ComfyUI's worker has work (a prompt, or a /free whose unload
+    # would wait for this lock): each step is short, and the rest waits for the next idle look.
+    while not comfy.worker_wanted():
         key = next((key for key, (_what, _change, shown) in _after_prompt.items() if shown or quiet), None)
         if key is None:
             break
@@ -173,14 +175,20 @@ def _watch_once():
     through a whole model load, whose collections then piled up and fell due later. Waiting for
     the lock allocates nothing. A collection that falls due meanwhile runs at another thread's
     next allocation (ComfyUI's execution thread also collects after its prompts)."""
-    global _idle_mark, _next_look_seconds
+    global _idle_mark, _next_look_seconds, _flags_seen
     _take_lock()  # bound once: a `with lock` would allocate its bound methods, which can set off a collection
     try:
         timing.hold_collector()  # before any allocation of this look
         try:
             mark = comfy.queue_mark()
             quiet, _idle_mark = mark is not None and mark == _idle_mark, mark
-            if not comfy.prompt_running():
+            # A /free still waiting a look later was sent while ComfyUI's worker was not waiting
+            # (comfy.wake_worker says why): wake it, so the models go now, not at the next prompt.
+            flags = comfy.flags_waiting()
+            if flags and _flags_seen:
+                comfy.wake_worker()
+            _flags_seen = flags
+            if not comfy.worker_wanted():
                 drain("after the prompt")
                 _run_after_prompt(quiet)
             # Pins held back from a prompt are looked after often: the gap between two prompts
