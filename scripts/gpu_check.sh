@@ -56,6 +56,9 @@
 #               Pin Model (output nodes), the Pin Model as plain nodes (as before), a clone node,
 #               the clone as an output node, engine mode (bench/probes/node_times.py; the cold
 #               start that was 1.13x with the Pin Model as a plain node)
+#   firstprompt the first prompt after a load, warm prompts and the prompt after a /free with the
+#               Pin nodes and with the status node, beside two servers of ComfyUI alone: SD1.5-shaped
+#               fp16, fp8-scaled and GGUF, 0.33 dynamic and static and 0.3.75 (bench/first_prompt.py)
 #   ramshort    a machine short of RAM: cgroup, swap file, a browser-like neighbour; 0.33 dynamic and
 #               static and 0.3.75, alone, Pin Model, engine mode (bench/ram_short.py --gpu)
 #   zerocopy    Pin CLIP's zero-copy embeddings: mapped-view and real-server GPU tests, then
@@ -299,6 +302,10 @@ part_staticorder() {
     static_probe gpu_probe_static_vram_order.json --variants default --modes dynamic_nodes,dynamic_engine,static,static_nodes
 }
 
+part_firstprompt() {
+    python3 bench/first_prompt.py "$OUT/first_prompt_gpu.json" --free-gib 4 2>&1 | tee "$OUT/first_prompt_gpu.log" | tail -30
+}
+
 part_statusstall() {
     python3 bench/status_stall.py "$OUT/status_stall_24gib.json" --gib 24 --seconds 8 2>&1 | tail -12
 }
@@ -330,6 +337,7 @@ ALL_CALLS=(
     "parts perf cap"                              # ~240 + ~200 s
     "parts servers033dyn fp8 cquant"              # ~190 + ~135 + ~135 s
     "parts gguf fastdisk statusstall"             # ~190 + ~150 + ~60 s
+    "parts firstprompt"                           # 36 servers: ~480 s
     "parts dynamic staticbreak"                   # ~350 + ~120 s
     "parts rounds"                                # three servers per mode: ~300 s
     "parts rounds1"
@@ -409,5 +417,5 @@ case "${1:-}" in
             "part_$part" || echo "[gpu_check] part $part failed"
             echo "[gpu_check] part $part: $((SECONDS - started)) s"
         done ;;
-    *) echo "usage: $0 all [N] | collect DIR N | carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|staticgc|statusstall|staticvram|staticorder|staticbreak|twocold|zerocopy|ramshort]..." >&2; exit 2 ;;
+    *) echo "usage: $0 all [N] | collect DIR N | carry | install FOLDER [PART...] | parts PART...   PART: [tests|platforms|servers375|servers033|servers033dyn|home|cap|perf|dynamic|fp8|cquant|gguf|fastdisk|two|rounds|rounds1|rounds2|roundsfp8|roundscquant|roundsgguf|coldfp8|staticfp8|staticgc|statusstall|staticvram|staticorder|staticbreak|twocold|zerocopy|ramshort|firstprompt]..." >&2; exit 2 ;;
 esac

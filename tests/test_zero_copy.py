@@ -156,3 +156,11 @@ def test_gpu_server_reads_the_table_in_place_bit_identical_and_frees_it(comfy_ve
         assert after["pinned_bytes"] == 0 and sum(o["mapped_view_bytes"] for o in after["owners"]) == 0, after["owners"]
         log = server.log_text()
         assert "CUDA error" not in log and "Traceback" not in log, server.log_tail(60)
+
+
+def test_fallbacks_keep_comfyuis_path_with_their_reasons(comfy_env):
+    """--cpu, a patched table and a pin without a device address, on each ComfyUI version's own
+    classes (tests/zero_copy_check.py)."""
+    from conftest import run_checks
+
+    run_checks(comfy_env, "zero_copy_check.py", expected=9)
