@@ -546,8 +546,7 @@ def worker_wanted() -> bool:
     """Whether ComfyUI's worker has something to do: a prompt running or queued, or flags
     (a /free) to apply. Viking's work between prompts stops for it (gate.py)."""
     queue = _prompt_queue()
-    return bool(getattr(queue, "currently_running", None) or getattr(queue, "queue", None)
-                or getattr(queue, "flags", None))
+    return prompt_running() or bool(getattr(queue, "queue", None) or getattr(queue, "flags", None))
 
 
 def wake_worker() -> bool:
