@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memory_cgroup import Unavailable, own_memory_cgroup
+from swap_pressure import SwapUnavailable, temporary_swap
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -250,30 +251,13 @@ class RamShortMachine:
         self.psi_source = "system-wide /proc/pressure/memory (no unified cgroup tree)"
 
     def _make_swap(self):
-        path = self.swap_file.resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A run killed mid-way leaves its swap file on: take it off first.
-        if any(line.split()[0] == str(path) for line in Path("/proc/swaps").read_text().splitlines()[1:] if line.split()):
-            subprocess.run(["swapoff", str(path)], capture_output=True)
-        path.unlink(missing_ok=True)
+        # tests/swap_pressure.py's swap file (a stale one from a killed run is taken off first).
         try:
-            subprocess.run(["fallocate", "-l", str(self.swap_bytes), str(path)], check=True, capture_output=True)
-            path.chmod(0o600)
-            subprocess.run(["mkswap", str(path)], check=True, capture_output=True)
-            done = subprocess.run(["swapon", str(path)], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise OSError(f"swapon refused it: {done.stderr.strip() or done.returncode}")
-        except (OSError, subprocess.CalledProcessError) as error:
+            self._stack.enter_context(temporary_swap(self.swap_file.resolve(), self.swap_bytes >> 20))
+        except SwapUnavailable as error:
             # A container may refuse swapon: the machine then runs without swap and says so.
-            path.unlink(missing_ok=True)
-            self.swap_reason = f"no swap file: cannot make one at {path} ({error})"
+            self.swap_reason = f"no swap file: cannot make one at {self.swap_file.resolve()} ({error})"
             self.swap_bytes = 0
-            return
-
-        def remove():
-            subprocess.run(["swapoff", str(path)], capture_output=True)
-            path.unlink(missing_ok=True)
-        self._stack.callback(remove)
 
     def _make_disk_throttle(self):
         if self.disk is None:
